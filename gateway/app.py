@@ -1,0 +1,86 @@
+"""The application factory: routes, error envelopes, and the gateway's lifetime."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+
+from gateway.errors import GatewayError
+from gateway.relay import error_response
+from gateway.routes.chat import chat_completions
+from gateway.routes.context import compact_dry_run
+from gateway.routes.health import healthz, readyz
+from gateway.routes.models import list_models
+from gateway.settings import Settings, load_settings
+from gateway.state import Gateway
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("contextgate")
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+
+
+def _request_headers(request: Request[Any, Any, Any]) -> dict[str, str] | None:
+    request_id = getattr(request.state, "request_id", None)
+    return {"x-contextgate-request-id": request_id} if request_id else None
+
+
+def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    return error_response(exc, _request_headers(request))
+
+
+def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    if status >= 500:
+        return _on_unexpected(request, exc)
+    error = GatewayError(
+        str(exc.detail),
+        code=_HTTP_CODES.get(status, "invalid_request"),
+        status=status,
+        type="invalid_request_error",
+    )
+    return error_response(error, _request_headers(request))
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.error("unhandled error on %s", request.url.path, exc_info=exc)
+    error = GatewayError("The gateway failed to handle the request.")
+    return error_response(error, _request_headers(request))
+
+
+def create_app(
+    settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+) -> Litestar:
+    """A gateway application. ``settings`` default to ``load_settings()`` (file and env)."""
+    settings = settings or load_settings()
+    gateway = Gateway.build(settings, transport=transport)
+
+    async def close() -> None:
+        await gateway.aclose()
+
+    app = Litestar(
+        route_handlers=[chat_completions, compact_dry_run, list_models, healthz, readyz],
+        exception_handlers={
+            GatewayError: _on_gateway_error,
+            HTTPException: _on_http_error,
+            Exception: _on_unexpected,
+        },
+        on_startup=[gateway.warm],
+        on_shutdown=[close],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="contextgate", version="0.1.0", path="/schema"),
+        logging_config=None,
+    )
+    app.state.gateway = gateway
+    return app

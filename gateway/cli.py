@@ -1,0 +1,95 @@
+"""The ``contextgate`` command: ``serve`` the gateway, or ``compact`` a request offline."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.headers import policy_from_header
+from gateway.settings import ConfigError, load_settings
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="contextgate", description="An OpenAI-compatible gateway that manages the context."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
+    serve.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
+    serve.add_argument("--log-level", default="warning", help="uvicorn log level")
+    compact = commands.add_parser(
+        "compact", help="run the pipeline over a chat request file and print {request, report}"
+    )
+    compact.add_argument("file", help="a chat completions request body (JSON); - for stdin")
+    compact.add_argument("--model", help="model to budget for (default: the request's)")
+    compact.add_argument("--policy", help="policy as in the header, e.g. 'mode=truncate, trigger=0.6'")
+    compact.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    app = create_app(load_settings(args.config))
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        loop="auto",
+        http="auto",
+        timeout_graceful_shutdown=30,
+        proxy_headers=False,
+        server_header=False,
+    )
+    return 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from gateway.codecs.openai import parse_chat_request
+    from pipelines import ModelCatalog, Pipeline
+
+    settings = load_settings(args.config)
+    raw = sys.stdin.buffer.read() if args.file == "-" else _read(args.file)
+    body = parse_chat_request(raw)
+    policy = policy_from_header(args.policy, settings.default_policy())
+    pipeline = Pipeline(catalog=ModelCatalog().extended(settings.catalog_entries()))
+    result = asyncio.run(pipeline.compact(body, model=args.model, policy=policy))
+    output = {"request": result.request, "report": result.report.as_dict()}
+    sys.stdout.buffer.write(orjson.dumps(output, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _serve(args) if args.command == "serve" else _compact(args)
+    except ConfigError as exc:
+        print(f"contextgate: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except GatewayError as exc:
+        print(f"contextgate: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"contextgate: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The OpenAI Chat Completions wire format: parsing and checking inbound request bodies.
+
+The pipeline works in this format, so decoding is parsing plus the checks that make the
+body safe for the pipeline to read. Anything the checks do not look at (unknown fields,
+provider extensions) is kept as it is and forwarded untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+__all__ = ["parse_chat_request"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def parse_chat_request(raw: bytes) -> dict[str, Any]:
+    """The request body as a dict, or ``InvalidRequest`` naming what is wrong."""
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            f"The request body must be a JSON object, got {_json_type(body)}.", code="invalid_body"
+        )
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _type_error("model", "a non-empty string", model)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _type_error("stream", "a boolean", stream)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _type_error("messages", "a non-empty array", messages)
+    for index, message in enumerate(messages):
+        _check_message(index, message)
+    for key in ("tools", "functions"):
+        value = body.get(key)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(t, dict) for t in value)
+        ):
+            raise _type_error(key, "an array of objects", value)
+    return body
+
+
+def _check_message(index: int, message: Any) -> None:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _type_error(where, "an object", message)
+    role = message.get("role")
+    if role not in _ROLES:
+        raise InvalidRequest(
+            f"Invalid value for '{where}.role': expected one of {', '.join(sorted(_ROLES))},"
+            f" got {_show(role)}.",
+            code="invalid_value",
+            param=f"{where}.role",
+        )
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise _type_error(f"{where}.content", "a string, an array of parts or null", content)
+    if isinstance(content, list):
+        for position, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _type_error(
+                    f"{where}.content[{position}]", "an object with a string 'type'", part
+                )
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None and not (
+        isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)
+    ):
+        raise _type_error(f"{where}.tool_calls", "an array of objects", tool_calls)
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _type_error(f"{where}.{key}", "a string", value)
+
+
+def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:
+    if got is None:
+        return InvalidRequest(
+            f"Missing required parameter: '{param}' (expected {expected}).",
+            code="missing_required_parameter",
+            param=param,
+        )
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(got)}.",
+        code="invalid_type",
+        param=param,
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _show(value: Any) -> str:
+    text = orjson.dumps(value).decode() if value is not None else "nothing"
+    return text if len(text) <= 40 else text[:37] + "..."

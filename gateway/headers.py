@@ -1,0 +1,68 @@
+"""The gateway's own headers: the inbound policy header and the outbound report headers.
+
+``x-contextgate-policy`` is an RFC 8941 dictionary (``mode=truncate, trigger=0.6``);
+``x-contextgate-tokens`` is one too (``before=1200, after=800``), and
+``x-contextgate-actions`` an RFC 8941 list of the stages that changed the request.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any, Final
+
+import http_sfv
+
+from gateway.errors import InvalidRequest
+from pipelines import Policy, PolicyError, Report
+
+__all__ = ["POLICY_HEADER", "policy_from_header", "report_headers"]
+
+POLICY_HEADER: Final = "x-contextgate-policy"
+
+
+def policy_from_header(value: str | None, base: Policy) -> Policy:
+    """``base`` tuned by the header's keys; a bad header is a 400 that names the key."""
+    if not value:
+        return base
+    parsed = http_sfv.Dictionary()
+    try:
+        parsed.parse(value.encode("latin-1"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise InvalidRequest(
+            f"The {POLICY_HEADER} header is not an RFC 8941 dictionary"
+            " (e.g. 'mode=truncate, trigger=0.6').",
+            code="invalid_policy",
+            param=POLICY_HEADER,
+        ) from exc
+    values: dict[str, Any] = {}
+    for key, member in parsed.items():
+        item = member.value if isinstance(member, http_sfv.Item) else member
+        values[key] = _plain(item)
+    try:
+        return Policy.from_mapping(values, base)
+    except PolicyError as exc:
+        raise InvalidRequest(
+            f"{POLICY_HEADER}: {exc}", code="invalid_policy", param=f"{POLICY_HEADER}.{exc.key}"
+        ) from exc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def report_headers(request_id: str, report: Report | None, overhead_ms: float) -> dict[str, str]:
+    """The ``x-contextgate-*`` headers of one proxied response."""
+    headers = {
+        "x-contextgate-request-id": request_id,
+        "x-contextgate-overhead-ms": f"{overhead_ms:.3f}",
+    }
+    if report is not None:
+        headers["x-contextgate-tokens"] = (
+            f"before={report.tokens_before}, after={report.tokens_after}"
+        )
+        headers["x-contextgate-actions"] = ", ".join(report.actions)
+    return headers

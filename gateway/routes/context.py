@@ -1,0 +1,23 @@
+"""``POST /v1/context/compact``: the pipeline as a dry run; nothing is sent upstream."""
+
+from __future__ import annotations
+
+import orjson
+from litestar import Request, post
+from litestar.response.base import ASGIResponse
+
+from gateway.headers import report_headers
+from gateway.routes.chat import compact_request
+from gateway.state import new_request_id
+
+__all__ = ["compact_dry_run"]
+
+
+@post("/v1/context/compact", status_code=200)
+async def compact_dry_run(request: Request[object, object, object]) -> ASGIResponse:
+    """Returns ``{"request": <what would be sent>, "report": <what each stage did>}``."""
+    request_id = request.state.request_id = new_request_id()
+    _, result = await compact_request(request)
+    body = orjson.dumps({"request": result.request, "report": result.report.as_dict()})
+    headers = report_headers(request_id, result.report, result.report.ms)
+    return ASGIResponse(body=body, media_type="application/json", headers=headers)

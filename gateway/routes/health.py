@@ -1,0 +1,38 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar import Request, get
+from litestar.response.base import ASGIResponse
+from redis.exceptions import RedisError
+
+from gateway.state import Gateway
+
+__all__ = ["healthz", "readyz"]
+
+_JSON = "application/json"
+
+
+@get("/healthz")
+async def healthz() -> ASGIResponse:
+    """The process is up and its event loop answers."""
+    return ASGIResponse(body=b'{"status":"ok"}', media_type=_JSON)
+
+
+@get("/readyz")
+async def readyz(request: Request[object, object, object]) -> ASGIResponse:
+    """Ready to serve. A configured Redis that does not answer makes the gateway
+    ``degraded`` (it still serves, keeping content rather than offloading it), not unready."""
+    gateway: Gateway = request.app.state.gateway
+    store = "memory"
+    status = "ready"
+    if gateway.redis is not None:
+        try:
+            await asyncio.wait_for(gateway.redis.ping(), timeout=1.0)  # type: ignore[misc]
+            store = "redis"
+        except (RedisError, OSError, TimeoutError):
+            store, status = "redis-unreachable", "degraded"
+    body = f'{{"status":"{status}","store":"{store}"}}'.encode()
+    return ASGIResponse(body=body, media_type=_JSON)

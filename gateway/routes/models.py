@@ -1,0 +1,25 @@
+"""``GET /v1/models``: the upstream's model list, relayed with the caller's credentials."""
+
+from __future__ import annotations
+
+from litestar import Request, get
+from litestar.response.base import ASGIResponse
+
+from gateway.headers import report_headers
+from gateway.relay import buffered_response
+from gateway.state import Gateway, new_request_id
+from gateway.upstream import upstream_request_headers
+
+__all__ = ["list_models"]
+
+
+@get("/v1/models")
+async def list_models(request: Request[object, object, object]) -> ASGIResponse:
+    """The models the caller may use (in passthrough mode: what the upstream lists)."""
+    gateway: Gateway = request.app.state.gateway
+    request_id = request.state.request_id = new_request_id()
+    headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
+    response = await gateway.upstream.send("GET", "models", headers=headers)
+    limit = None if response.is_success else gateway.settings.upstream.max_error_body_bytes
+    body = await gateway.upstream.read_body(response, limit)
+    return buffered_response(response, body, report_headers(request_id, None, 0.0))

@@ -1,0 +1,167 @@
+"""Configuration: built-in defaults, then the YAML file, then the environment.
+
+With no file at all the gateway serves: OpenAI upstream, in-memory store, the caller's
+own key passed through. The YAML file (``--config`` or ``CONTEXTGATE_CONFIG``) may use
+``${NAME}`` (or ``${NAME:-default}``) to pull secrets from the environment. Everything is
+parsed into frozen structs and validated once at start-up; a bad file stops the gateway
+with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from pipelines import ModelInfo, Policy, PolicyError
+
+__all__ = ["ConfigError", "Settings", "UpstreamSettings", "load_settings"]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says where and why."""
+
+
+class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The default OpenAI-compatible upstream."""
+
+    base_url: str = "https://api.openai.com/v1"
+    """Base URL ending in the API version, e.g. ``https://api.openai.com/v1``."""
+    api_key: str | None = None
+    """Key sent upstream instead of the caller's; ``None``: pass the caller's through."""
+    connect_timeout: float = 10.0
+    """Seconds to establish a connection."""
+    read_timeout: float = 600.0
+    """Seconds to wait for the next bytes of a response (reasoning models think long)."""
+    write_timeout: float = 60.0
+    """Seconds to send the request body."""
+    pool_timeout: float = 10.0
+    """Seconds to wait for a pooled connection."""
+    max_connections: int | None = None
+    """Open connections at most; ``None``: no cap, so streams never queue behind others."""
+    max_keepalive_connections: int = 256
+    """Idle connections kept for reuse."""
+    keepalive_expiry: float = 30.0
+    """Seconds an idle connection is kept."""
+    max_error_body_bytes: int = 1_048_576
+    """Largest upstream error body relayed; longer ones are cut."""
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^https?://[^/\s]+", self.base_url):
+            raise ConfigError(f"upstream.base_url must be an http(s) URL, got {self.base_url!r}")
+        for name in ("connect_timeout", "read_timeout", "write_timeout", "pool_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"upstream.{name} must be positive")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError("upstream.max_connections must be at least 1 or null")
+
+
+class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The built-in Anthropic provider."""
+
+    base_url: str = "https://api.anthropic.com"
+
+
+class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A model catalog entry added or overridden by configuration."""
+
+    pattern: str
+    context_window: int
+    output_reserve: int = 4_096
+    family: str = "other"
+    thinking: str = "none"
+    encoding: str = "o200k_base"
+    cache_ttl: int = 300
+    vision: bool = True
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything the gateway is configured with."""
+
+    upstream: UpstreamSettings = msgspec.field(default_factory=UpstreamSettings)
+    anthropic: AnthropicSettings = msgspec.field(default_factory=AnthropicSettings)
+    redis_url: str | None = None
+    """Redis for the offload store and conversation records; ``None``: in memory."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Largest request body accepted; larger gets 413."""
+    models: tuple[ModelEntry, ...] = ()
+    """Catalog entries added to (or overriding) the built-in ones."""
+    policy: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1_024:
+            raise ConfigError("max_body_bytes must be at least 1024")
+
+    def catalog_entries(self) -> tuple[ModelInfo, ...]:
+        try:
+            return tuple(ModelInfo(**msgspec.structs.asdict(entry)) for entry in self.models)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"models: {exc}") from exc
+
+    def default_policy(self) -> Policy:
+        try:
+            return Policy.from_mapping(self.policy)
+        except PolicyError as exc:
+            raise ConfigError(f"policy: {exc}") from exc
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _substitute(text: str, environ: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"the configuration refers to ${{{name}}}, which is not set")
+
+    return _ENV_REF.sub(value, text)
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from ``path`` (or ``CONTEXTGATE_CONFIG``) with environment overrides."""
+    env = os.environ if environ is None else environ
+    path = path or env.get("CONTEXTGATE_CONFIG") or None
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
+        try:
+            loaded = yaml.safe_load(_substitute(text, env))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded or {}
+    overrides = {
+        ("upstream", "base_url"): env.get("CONTEXTGATE_UPSTREAM_BASE_URL"),
+        ("anthropic", "base_url"): env.get("CONTEXTGATE_ANTHROPIC_BASE_URL"),
+        ("redis_url",): env.get("REDIS_URL"),
+    }
+    for keys, value in overrides.items():
+        if value:
+            target = data
+            for key in keys[:-1]:
+                target = target.setdefault(key, {})
+                if not isinstance(target, dict):
+                    raise ConfigError(f"{key} must be a mapping")
+            target[keys[-1]] = value
+    try:
+        settings = msgspec.convert(data, Settings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    settings.catalog_entries()
+    settings.default_policy()
+    return settings

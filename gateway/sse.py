@@ -1,0 +1,40 @@
+"""Server-sent events as the gateway relays them: whole events, byte for byte.
+
+The relay forwards each event as soon as its blank-line terminator arrives, never a
+fragment, so that if the upstream fails mid-stream the gateway can end the stream with one
+well-formed terminal error event.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Final
+
+import orjson
+
+__all__ = ["error_event", "sse_events"]
+
+_EVENT_END: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Regroup a byte stream into complete events, each with its terminator."""
+    pending = bytearray()
+    async for chunk in chunks:
+        scan_from = max(0, len(pending) - 3)
+        pending += chunk
+        start = 0
+        while match := _EVENT_END.search(pending, scan_from):
+            yield bytes(pending[start : match.end()])
+            start = scan_from = match.end()
+        if start:
+            del pending[:start]
+    if pending.strip():
+        yield bytes(pending) + b"\n\n"
+
+
+def error_event(message: str, *, type: str, code: str) -> bytes:
+    """A terminal OpenAI-style error event (the openai SDK raises ``APIError`` on it)."""
+    body = {"error": {"message": message, "type": type, "param": None, "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"

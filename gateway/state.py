@@ -1,0 +1,59 @@
+"""What the gateway holds for its lifetime: settings, the pipeline, the upstream client."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import httpx
+import redis.asyncio as aioredis
+
+from gateway.settings import Settings
+from gateway.upstream import Upstream
+from pipelines import ModelCatalog, Pipeline, Policy
+
+__all__ = ["Gateway", "new_request_id"]
+
+
+def new_request_id() -> str:
+    return "cg-" + secrets.token_hex(12)
+
+
+@dataclass(slots=True)
+class Gateway:
+    """The long-lived parts of one gateway process."""
+
+    settings: Settings
+    pipeline: Pipeline
+    upstream: Upstream
+    default_policy: Policy
+    redis: aioredis.Redis | None = None
+
+    @classmethod
+    def build(
+        cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> Gateway:
+        catalog = ModelCatalog().extended(settings.catalog_entries())
+        redis = None
+        if settings.redis_url:
+            redis = aioredis.Redis.from_url(
+                settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5
+            )
+        return cls(
+            settings=settings,
+            pipeline=Pipeline(catalog=catalog),
+            upstream=Upstream(settings.upstream, transport=transport),
+            default_policy=settings.default_policy(),
+            redis=redis,
+        )
+
+    def warm(self) -> None:
+        """Load the token encodings now rather than on the first request."""
+        for encoding in ("o200k_base", "cl100k_base"):
+            self.pipeline.counter(encoding)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+

@@ -1,0 +1,141 @@
+"""The OpenAI-compatible upstream over httpx: one pooled client, explicit timeouts and limits.
+
+``Upstream.send`` returns the response as soon as its headers arrive (the body is still on
+the wire), so streams relay as they come. Transport failures are mapped here, once:
+a timeout is ``UpstreamTimeout`` (504), anything else that stops the exchange is
+``UpstreamUnreachable`` (502).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import httpx
+
+from gateway.errors import UpstreamTimeout, UpstreamUnreachable
+from gateway.settings import UpstreamSettings
+
+__all__ = ["HOP_BY_HOP", "Upstream", "relayable_response_headers", "upstream_request_headers"]
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED: Final = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie"}
+_NOT_RELAYED: Final = HOP_BY_HOP | {
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+    "set-cookie",
+}
+
+
+def upstream_request_headers(
+    client_headers: Iterable[tuple[str, str]], api_key: str | None
+) -> dict[str, str]:
+    """The client's headers minus hop-by-hop and gateway ones; the configured key, if any,
+    replaces the caller's ``Authorization``."""
+    headers: dict[str, str] = {}
+    for name, value in client_headers:
+        lower = name.lower()
+        if lower in _NOT_FORWARDED or lower.startswith("x-contextgate-"):
+            continue
+        headers[lower] = value
+    if api_key is not None:
+        headers["authorization"] = f"Bearer {api_key}"
+        headers.pop("x-api-key", None)
+    return headers
+
+
+def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """The upstream's response headers that make sense to relay to the client."""
+    return [(k, v) for k, v in headers.multi_items() if k.lower() not in _NOT_RELAYED]
+
+
+class Upstream:
+    """A pooled HTTP client for one OpenAI-compatible base URL."""
+
+    __slots__ = ("client", "settings")
+
+    def __init__(
+        self, settings: UpstreamSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.settings = settings
+        limits = httpx.Limits(
+            max_connections=settings.max_connections,
+            max_keepalive_connections=settings.max_keepalive_connections,
+            keepalive_expiry=settings.keepalive_expiry,
+        )
+        timeout = httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.write_timeout,
+            pool=settings.pool_timeout,
+        )
+        self.client = httpx.AsyncClient(
+            base_url=settings.base_url,
+            timeout=timeout,
+            limits=limits,
+            transport=transport or httpx.AsyncHTTPTransport(limits=limits, retries=0),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send a request; the returned response's body is still to be read (or closed)."""
+        request = self.client.build_request(
+            method, path, headers=headers, content=content, params=params
+        )
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(
+                f"The upstream did not answer in time ({type(exc).__name__})."
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(
+                f"The upstream could not be reached ({type(exc).__name__})."
+            ) from exc
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
+        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if limit is not None and size >= limit:
+                    break
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("The upstream stopped sending its response.") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(
+                f"The upstream connection broke while reading its response ({type(exc).__name__})."
+            ) from exc
+        finally:
+            await response.aclose()
+        body = b"".join(chunks)
+        return body if limit is None else body[:limit]
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,42 @@
+"""contextgate's context pipeline as a plain library (it never imports the gateway).
+
+    result = await pipelines.compact(request, model="gpt-4o", policy=Policy(trigger=0.6))
+    result.request   # the request to send upstream
+    result.report    # what every stage did, tokens before and after
+"""
+
+from pipelines.budget import Budget
+from pipelines.catalog import ModelCatalog, ModelInfo
+from pipelines.conversation import Conversation
+from pipelines.errors import PipelineError, PolicyError, RequestRejected
+from pipelines.pipeline import CompactResult, Pipeline, compact
+from pipelines.policy import Policy
+from pipelines.report import Report, StageReport
+from pipelines.stage import OffloadStore, Stage, StageContext, Summarizer
+from pipelines.stages import DEFAULT_STAGES, STAGE_NAMES
+from pipelines.tokens import TokenCounter, encoding, estimate_tokens
+
+__all__ = [
+    "DEFAULT_STAGES",
+    "STAGE_NAMES",
+    "Budget",
+    "CompactResult",
+    "Conversation",
+    "ModelCatalog",
+    "ModelInfo",
+    "OffloadStore",
+    "Pipeline",
+    "PipelineError",
+    "Policy",
+    "PolicyError",
+    "Report",
+    "RequestRejected",
+    "Stage",
+    "StageContext",
+    "StageReport",
+    "Summarizer",
+    "TokenCounter",
+    "compact",
+    "encoding",
+    "estimate_tokens",
+]

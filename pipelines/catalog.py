@@ -1,0 +1,139 @@
+"""The model catalog: what the pipeline needs to know about a model to budget for it.
+
+Entries are matched by glob against the model name; the most specific pattern (the longest
+one without wildcards counted) wins, so ``gpt-4o-mini*`` beats ``gpt-4o*``. A provider
+prefix such as ``openai/`` or ``anthropic/`` is ignored for matching. A model that matches
+nothing gets the defaults of ``UNKNOWN_MODEL`` (a 128,000-token window). The gateway's
+configuration can add entries or override built-in ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from typing import Final, Literal
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_WINDOW",
+    "ModelCatalog",
+    "ModelInfo",
+    "ThinkingStyle",
+]
+
+Family = Literal[
+    "openai", "anthropic", "deepseek", "kimi", "mimo", "qwen", "gemini", "mistral", "llama", "other"
+]
+ThinkingStyle = Literal["anthropic", "reasoning_echo", "none"]
+"""How a model's reasoning travels in history: Anthropic ``thinking`` blocks with
+signatures; ``reasoning_content`` that must be echoed back on tool-call turns (DeepSeek,
+Kimi, MiMo); or neither."""
+
+DEFAULT_WINDOW: Final = 128_000
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Budget facts about one model."""
+
+    pattern: str
+    """Glob matched against the model name, e.g. ``gpt-4o*``."""
+    context_window: int = DEFAULT_WINDOW
+    """Total tokens the model accepts, input and output together."""
+    output_reserve: int = 4_096
+    """Tokens kept free for the reply when the request does not set ``max_tokens``."""
+    family: Family = "other"
+    """Provider family; decides reasoning cleanup and cache behaviour."""
+    thinking: ThinkingStyle = "none"
+    encoding: str = "o200k_base"
+    """tiktoken encoding used to count this model's tokens."""
+    cache_ttl: int = 300
+    """Seconds the provider keeps a prompt-cache entry warm."""
+    vision: bool = True
+    """Whether the model accepts image parts."""
+
+    def __post_init__(self) -> None:
+        if self.context_window < 1_000:
+            raise ValueError(f"{self.pattern}: context_window must be at least 1000")
+        if not 0 <= self.output_reserve < self.context_window:
+            raise ValueError(f"{self.pattern}: output_reserve must be in [0, context_window)")
+        if self.cache_ttl < 0:
+            raise ValueError(f"{self.pattern}: cache_ttl must not be negative")
+
+
+def _openai(pattern: str, window: int, reserve: int, encoding: str = "o200k_base") -> ModelInfo:
+    return ModelInfo(pattern, window, reserve, "openai", "none", encoding, cache_ttl=600)
+
+
+BUILTIN_MODELS: Final[tuple[ModelInfo, ...]] = (
+    _openai("gpt-5*", 400_000, 128_000),
+    _openai("gpt-4.1*", 1_047_576, 32_768),
+    _openai("gpt-4o*", 128_000, 16_384),
+    _openai("chatgpt-4o*", 128_000, 16_384),
+    _openai("o1*", 200_000, 100_000),
+    _openai("o3*", 200_000, 100_000),
+    _openai("o4-mini*", 200_000, 100_000),
+    _openai("gpt-4-turbo*", 128_000, 4_096, "cl100k_base"),
+    _openai("gpt-4-*preview*", 128_000, 4_096, "cl100k_base"),
+    _openai("gpt-4", 8_192, 4_096, "cl100k_base"),
+    _openai("gpt-4-0613", 8_192, 4_096, "cl100k_base"),
+    _openai("gpt-3.5-turbo*", 16_385, 4_096, "cl100k_base"),
+    _openai("gpt-oss*", 131_072, 32_768),
+    ModelInfo("claude-*", 200_000, 8_192, "anthropic", "anthropic", cache_ttl=300),
+    ModelInfo("claude-3-haiku*", 200_000, 4_096, "anthropic", "anthropic", cache_ttl=300),
+    ModelInfo("deepseek-*", 128_000, 8_192, "deepseek", "reasoning_echo", cache_ttl=3600),
+    ModelInfo("kimi-*", 262_144, 16_384, "kimi", "reasoning_echo", cache_ttl=3600),
+    ModelInfo("moonshot-*", 131_072, 8_192, "kimi", "reasoning_echo", cache_ttl=3600),
+    ModelInfo("mimo-*", 131_072, 8_192, "mimo", "reasoning_echo", cache_ttl=3600),
+    ModelInfo("qwen*", 131_072, 8_192, "qwen", "none", cache_ttl=300),
+    ModelInfo("gemini-*", 1_048_576, 65_536, "gemini", "none", cache_ttl=3600),
+    ModelInfo("mistral-*", 131_072, 8_192, "mistral", "none", vision=False),
+    ModelInfo("llama*", 131_072, 8_192, "llama", "none", vision=False),
+)
+
+UNKNOWN_MODEL: Final = ModelInfo("*")
+
+
+def _specificity(pattern: str) -> tuple[int, int]:
+    literal = sum(1 for ch in pattern if ch not in "*?[]")
+    return literal, -pattern.count("*")
+
+
+class ModelCatalog:
+    """Looks up ``ModelInfo`` by model name; later entries override earlier equal patterns."""
+
+    __slots__ = ("_entries", "_lookups")
+
+    def __init__(self, entries: Iterable[ModelInfo] = BUILTIN_MODELS) -> None:
+        by_pattern: dict[str, ModelInfo] = {}
+        for entry in entries:
+            by_pattern[entry.pattern] = entry
+        self._entries = tuple(
+            sorted(by_pattern.values(), key=lambda e: _specificity(e.pattern), reverse=True)
+        )
+        self._lookups: dict[str, ModelInfo] = {}
+
+    def extended(self, entries: Iterable[ModelInfo]) -> ModelCatalog:
+        """A catalog with ``entries`` added, replacing built-ins with the same pattern."""
+        return ModelCatalog((*self._entries, *entries))
+
+    def lookup(self, model: str) -> ModelInfo:
+        """The entry for ``model``, or the unknown-model defaults."""
+        found = self._lookups.get(model)
+        if found is not None:
+            return found
+        name = model.rsplit("/", 1)[-1].lower()
+        found = next(
+            (entry for entry in self._entries if fnmatchcase(name, entry.pattern.lower())),
+            None,
+        )
+        if found is None:
+            found = replace(UNKNOWN_MODEL, pattern=model)
+        if len(self._lookups) < 4096:
+            self._lookups[model] = found
+        return found
+
+    def as_mapping(self) -> Mapping[str, ModelInfo]:
+        """Entries by pattern."""
+        return {entry.pattern: entry for entry in self._entries}

@@ -1,0 +1,59 @@
+"""Chat messages as the pipeline sees them: OpenAI Chat Completions message objects.
+
+The pipeline works on plain dicts in the OpenAI chat format (the gateway's codecs translate
+other wire formats to it). A message is never mutated in place: a stage that rewrites one
+builds a new dict, so an unchanged message stays the very same object from stage to stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import orjson
+
+__all__ = ["Message", "PartKind", "iter_parts", "message_text"]
+
+Message = dict[str, Any]
+"""One chat message: ``role``, ``content`` (a string, a list of parts, or null) and the
+optional ``name``, ``tool_calls``, ``tool_call_id``, ``reasoning_content`` fields."""
+
+PartKind = Literal["text", "image", "media", "other"]
+
+_IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+_MEDIA_PARTS = frozenset({"input_audio", "audio", "video", "video_url", "file", "input_file"})
+
+
+def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
+    """Yield ``(kind, text)`` for every part of a message's content.
+
+    Text-bearing parts give their text; image and other media parts give an empty string;
+    a part of a type the pipeline does not know gives its JSON, so it is still counted.
+    """
+    if isinstance(content, str):
+        yield "text", content
+        return
+    if not isinstance(content, list):
+        return
+    for part in content:
+        if isinstance(part, str):
+            yield "text", part
+            continue
+        if not isinstance(part, dict):
+            continue
+        part_type = part.get("type")
+        if part_type in _IMAGE_PARTS:
+            yield "image", ""
+        elif part_type in _MEDIA_PARTS:
+            yield "media", ""
+        else:
+            text = part.get("text", part.get("thinking", part.get("refusal")))
+            if isinstance(text, str):
+                yield "text", text
+            else:
+                yield "other", orjson.dumps(part).decode()
+
+
+def message_text(message: Message) -> str:
+    """The text parts of a message's content, joined by newlines."""
+    return "\n".join(text for kind, text in iter_parts(message.get("content")) if kind == "text")

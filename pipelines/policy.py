@@ -1,0 +1,135 @@
+"""The compaction policy: every knob a tenant or a request may turn, with defaults and bounds.
+
+Keys are spelled as on the wire (``x-contextgate-policy: trigger=0.7, keep-images=2``);
+the attributes use underscores. ``Policy.from_mapping`` validates a partial mapping on top
+of a base policy and names the offending key in its error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final, Literal
+
+from pipelines.errors import PolicyError
+
+__all__ = ["BOUNDS", "Mode", "Policy"]
+
+Mode = Literal["summarize", "truncate", "off"]
+_MODES: Final = ("summarize", "truncate", "off")
+
+BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
+    "max_input": (1_000, 10_000_000),
+    "trigger": (0.05, 1.0),
+    "target": (0.05, 1.0),
+    "tail_ratio": (0.0, 0.9),
+    "keep_images": (0, 100),
+    "filter_tokens": (100, 1_000_000),
+    "soft_ratio": (0.05, 1.0),
+    "hard_ratio": (0.05, 1.0),
+    "block_tokens": (1_000, 10_000_000),
+    "summary_timeout": (0.1, 600.0),
+    "offload_ttl": (60, 30 * 86_400),
+}
+"""Built-in (inclusive) bounds per numeric key; a tenant may narrow them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How hard the pipeline may work on one request. Defaults are DESIGN section 3's."""
+
+    mode: Mode = "summarize"
+    """``summarize`` (may call a model), ``truncate`` (deterministic only), ``off``
+    (hygiene only)."""
+    max_input: int | None = None
+    """Caps the input budget below the model's window (cost control); ``None``: no cap."""
+    trigger: float = 0.70
+    """Utilisation at which full compaction starts."""
+    target: float = 0.45
+    """Utilisation compaction aims for."""
+    tail_ratio: float = 0.20
+    """Share of the budget kept verbatim at the end of the conversation."""
+    keep_images: int = 2
+    """Media-bearing messages, newest first, that keep their media."""
+    filter_tokens: int = 5_000
+    """Tool outputs above this many tokens are offloaded behind a preview."""
+    soft_ratio: float | None = None
+    """Cache-TTL prune soft-trim level; ``None``: the model family's default."""
+    hard_ratio: float | None = None
+    """Cache-TTL prune archive level; ``None``: the model family's default."""
+    block_tokens: int = 120_000
+    """Largest new user turn accepted, in tokens."""
+    summary_model: str | None = None
+    """Model that writes summaries; ``None``: the request's own model."""
+    summary_timeout: float = 20.0
+    """Seconds a summary call may take."""
+    offload_ttl: int = 86_400
+    """Seconds an offloaded object is kept."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in _MODES:
+            raise PolicyError("mode", f"must be one of {', '.join(_MODES)}, got {self.mode!r}")
+        for name, (low, high) in BOUNDS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise PolicyError(_wire(name), f"must be a number, got {value!r}")
+            if not low <= value <= high:
+                raise PolicyError(_wire(name), f"must be between {low:g} and {high:g}, got {value}")
+        if self.target >= self.trigger:
+            raise PolicyError("target", f"must be below trigger ({self.trigger}), got {self.target}")
+        if self.summary_model is not None and not self.summary_model.strip():
+            raise PolicyError("summary-model", "must not be empty")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], base: Policy | None = None) -> Policy:
+        """``base`` (the defaults when omitted) with the wire-named ``values`` applied."""
+        changes: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            kind = _FIELD_TYPES.get(name)
+            if kind is None:
+                known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
+                raise PolicyError(key, f"unknown key; known keys: {known}")
+            changes[name] = _coerce(key, kind, value)
+        return replace(base or cls(), **changes)
+
+    def as_wire(self) -> dict[str, Any]:
+        """The policy as wire-named keys, for reports."""
+        return {_wire(f.name): getattr(self, f.name) for f in fields(self)}
+
+
+def _wire(name: str) -> str:
+    return name.replace("_", "-")
+
+
+_FIELD_TYPES: Final[Mapping[str, type]] = {
+    "mode": str,
+    "max_input": int,
+    "trigger": float,
+    "target": float,
+    "tail_ratio": float,
+    "keep_images": int,
+    "filter_tokens": int,
+    "soft_ratio": float,
+    "hard_ratio": float,
+    "block_tokens": int,
+    "summary_model": str,
+    "summary_timeout": float,
+    "offload_ttl": int,
+}
+
+
+def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is str:
+        if not isinstance(value, str):
+            raise PolicyError(key, f"must be a string or token, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PolicyError(key, f"must be a number, got {value!r}")
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise PolicyError(key, f"must be a whole number, got {value!r}")
+        return int(value)
+    return float(value)

@@ -1,0 +1,73 @@
+"""The per-request report: what each stage did and what the request costs before and after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Report", "StageReport"]
+
+
+@dataclass(slots=True)
+class StageReport:
+    """One stage's run."""
+
+    name: str
+    ms: float
+    tokens_before: int
+    tokens_after: int
+    changed: bool
+    error: str | None = None
+    """The exception's type and message when the stage raised (and was skipped)."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Report:
+    """The pipeline's account of one request."""
+
+    model: str
+    window: int
+    output_reserve: int
+    budget: int
+    tokens_before: int
+    tokens_after: int = 0
+    ms: float = 0.0
+    stages: list[StageReport] = field(default_factory=list)
+
+    @property
+    def actions(self) -> list[str]:
+        """Names of the stages that changed the request, in pipeline order."""
+        return [stage.name for stage in self.stages if stage.changed]
+
+    @property
+    def failures(self) -> list[str]:
+        """Names of the stages that raised and were skipped."""
+        return [stage.name for stage in self.stages if stage.error is not None]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "window": self.window,
+            "output_reserve": self.output_reserve,
+            "budget": self.budget,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "utilisation_before": round(self.tokens_before / self.budget, 4),
+            "utilisation_after": round(self.tokens_after / self.budget, 4),
+            "ms": round(self.ms, 3),
+            "actions": self.actions,
+            "failures": self.failures,
+            "stages": [
+                {
+                    "name": s.name,
+                    "ms": round(s.ms, 3),
+                    "tokens_before": s.tokens_before,
+                    "tokens_after": s.tokens_after,
+                    "changed": s.changed,
+                    "error": s.error,
+                    "details": s.details,
+                }
+                for s in self.stages
+            ],
+        }

@@ -1,0 +1,77 @@
+"""What a stage is, and what it is given: the Stage protocol and the per-request context.
+
+A stage is a small callable object with a ``name``. It receives the conversation and the
+request context and returns a conversation: the same object when it changed nothing, a new
+one otherwise. It never mutates its input. Everything with I/O (the offload store, the
+summary model, the clock) reaches it through the context as a Protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pipelines.budget import Budget
+from pipelines.catalog import ModelInfo
+from pipelines.conversation import Conversation
+from pipelines.policy import Policy
+from pipelines.tokens import TokenCounter
+
+__all__ = ["Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic scale."""
+
+
+@runtime_checkable
+class OffloadStore(Protocol):
+    """Where removed content goes so that it can be restored by ref."""
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        """Store ``content``; return its ref once the write is acknowledged."""
+        ...
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        """The content behind ``ref`` in ``namespace``, or ``None``."""
+        ...
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Writes a structured summary of messages with an auxiliary model."""
+
+    async def summarize(self, messages: list[dict[str, Any]], *, model: str) -> dict[str, Any]:
+        ...
+
+
+@runtime_checkable
+class Stage(Protocol):
+    """One step of the pipeline."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation: ...
+
+
+@dataclass(slots=True)
+class StageContext:
+    """What every stage may consult for one request."""
+
+    model: ModelInfo
+    policy: Policy
+    budget: Budget
+    counter: TokenCounter
+    clock: Clock
+    namespace: str = ""
+    """Tenant namespace for offloaded objects."""
+    store: OffloadStore | None = None
+    summarizer: Summarizer | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    """What the running stage wants reported (items touched, refs created); the runner
+    gives each stage a fresh dict and files it under the stage's name."""
+
+    def record(self, **details: Any) -> None:
+        """Add ``details`` to the running stage's report."""
+        self.details.update(details)

@@ -1,0 +1,42 @@
+"""The stages, in the one order they run (DESIGN section 4).
+
+``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
+parameterise a stage, never reorder it. Stages that are not built yet are ``PassThrough``
+placeholders under their final names, so reports and headers already speak of all ten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from pipelines.conversation import Conversation
+from pipelines.stage import Stage, StageContext
+
+__all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "PassThrough"]
+
+
+@dataclass(frozen=True, slots=True)
+class PassThrough:
+    """A stage that returns the conversation unchanged."""
+
+    name: str
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        return conversation
+
+
+DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
+    PassThrough("guard_inbound"),
+    PassThrough("thinking"),
+    PassThrough("media"),
+    PassThrough("filter"),
+    PassThrough("ttl_prune"),
+    PassThrough("compress"),
+    PassThrough("summarize"),
+    PassThrough("normalize"),
+    PassThrough("cache_markers"),
+    PassThrough("guard_outbound"),
+)
+
+STAGE_NAMES: Final = tuple(stage.name for stage in DEFAULT_STAGES)

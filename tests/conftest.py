@@ -1,0 +1,58 @@
+"""Shared fixtures: the mock upstream, a running gateway in front of it, and Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.settings import Settings, UpstreamSettings
+from tests.harness import GatewayServer, private_redis, redis_from_env
+from tests.mock_upstream import MockUpstream
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """``REDIS_URL`` when set, else a private redis-server started for this run."""
+    url = redis_from_env()
+    if url:
+        yield url
+        return
+    with private_redis() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def mock_upstream() -> Iterator[MockUpstream]:
+    with MockUpstream() as server:
+        yield server
+
+
+@pytest.fixture
+def upstream(mock_upstream: MockUpstream) -> Iterator[MockUpstream]:
+    """The mock upstream with an empty script and history."""
+    mock_upstream.reset()
+    yield mock_upstream
+    mock_upstream.reset()
+
+
+def settings_for(upstream: MockUpstream, **overrides: object) -> Settings:
+    upstream_fields = {k: v for k, v in overrides.items() if k in UpstreamSettings.__struct_fields__}
+    other = {k: v for k, v in overrides.items() if k not in upstream_fields}
+    return Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url, **upstream_fields),  # type: ignore[arg-type]
+        **other,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="session")
+def session_gateway(mock_upstream: MockUpstream, redis_url: str) -> Iterator[GatewayServer]:
+    settings = settings_for(mock_upstream, read_timeout=5.0, redis_url=redis_url)
+    with GatewayServer(settings) as server:
+        yield server
+
+
+@pytest.fixture
+def gateway(session_gateway: GatewayServer, upstream: MockUpstream) -> GatewayServer:
+    """The shared gateway in front of a freshly reset mock upstream."""
+    return session_gateway

@@ -1,0 +1,306 @@
+"""A scripted OpenAI-compatible upstream: a real HTTP/1.1 server on loopback.
+
+It runs its own event loop on a thread, so sync and async clients alike can talk to it.
+Each test pushes the replies it wants (``push``); requests without a scripted reply get a
+plain chat completion. Every request is recorded, and so is every client that hung up
+while a reply was in flight (``disconnects``), with the time it happened.
+
+Reply kinds: ``JSONReply`` (any status, body and headers, optionally delayed), ``SSEReply``
+(events sent one by one, with a first-byte delay, a pause between events, and an ending:
+a clean end, a dropped connection, or silence), ``Drop`` (close without answering) and
+``Hang`` (never answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@dataclass
+class JSONReply:
+    body: Any = None
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+@dataclass
+class SSEReply:
+    events: list[bytes]
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    first_byte_delay: float = 0.0
+    interval: float = 0.0
+    ending: Literal["end", "drop", "hang"] = "end"
+
+
+@dataclass
+class Drop:
+    """Close the connection without a response."""
+
+
+@dataclass
+class Hang:
+    """Accept the request and never answer."""
+
+
+Reply = JSONReply | SSEReply | Drop | Hang
+
+
+def chat_completion(content: str = "Hello from the mock.", model: str = "gpt-4o") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-mock123",
+        "object": "chat.completion",
+        "created": 1727346172,
+        "model": model,
+        "system_fingerprint": "fp_mock",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+    }
+
+
+def recorded_stream(name: str) -> list[bytes]:
+    """The events of a recorded OpenAI stream fixture, each with its terminator."""
+    data = (FIXTURES / "openai-recorded" / name).read_bytes()
+    return [part + b"\n\n" for part in data.split(b"\n\n") if part.strip()]
+
+
+def recorded_streams() -> list[str]:
+    return sorted(p.name for p in (FIXTURES / "openai-recorded").glob("*.bin"))
+
+
+class MockUpstream:
+    """The server. Use as a context manager, or ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self.disconnects: list[float] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.handler: Callable[[Received], Reply | None] | None = None
+        self._script: deque[Reply] = deque()
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def start(self) -> MockUpstream:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(5)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> MockUpstream:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def push(self, *replies: Reply) -> None:
+        with self._lock:
+            self._script.extend(replies)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._script.clear()
+            self.received.clear()
+            self.disconnects.clear()
+            self.handler = None
+            self.max_in_flight = self.in_flight
+
+    def wait_for_disconnect(self, timeout: float) -> float | None:
+        """Seconds until a client hung up mid-reply, or ``None`` if none did in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.disconnects:
+                return self.disconnects[0]
+            time.sleep(0.01)
+        return None
+
+    # -- server ----------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+
+    async def _stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._connections):
+            writer.transport.abort()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def _next_reply(self, received: Received) -> Reply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        if self.handler is not None:
+            reply = self.handler(received)
+            if reply is not None:
+                return reply
+        if received.path.startswith("/v1/models"):
+            return JSONReply({"object": "list", "data": [{"id": "gpt-4o", "object": "model",
+                                                         "created": 1, "owned_by": "mock"}]})
+        return JSONReply(chat_completion())
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._connections.add(writer)
+        try:
+            while await self._one_exchange(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._connections.discard(writer)
+            writer.transport.abort()
+
+    async def _one_exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            return False
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if ":" in line:
+                name, value = line.split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        body = await reader.readexactly(length) if length else b""
+        received = Received(method, target, headers, body, time.monotonic())
+        self.received.append(received)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._answer(received, reader, writer)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, received: Received, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> bool:
+        reply = self._next_reply(received)
+        if isinstance(reply, Drop):
+            return False
+        if isinstance(reply, Hang):
+            await self._until_client_leaves(reader, None)
+            return False
+        if isinstance(reply, JSONReply):
+            if reply.delay and await self._until_client_leaves(reader, reply.delay):
+                return False
+            payload = reply.body if isinstance(reply.body, bytes) else orjson.dumps(reply.body)
+            head_out = self._head(reply.status, {"content-type": "application/json",
+                                                 "x-request-id": "req_mock",
+                                                 **reply.headers,
+                                                 "content-length": str(len(payload))})
+            writer.write(head_out + payload)
+            await writer.drain()
+            return True
+        return await self._stream(reply, reader, writer)
+
+    async def _stream(self, reply: SSEReply, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> bool:
+        if reply.first_byte_delay and await self._until_client_leaves(reader, reply.first_byte_delay):
+            return False
+        writer.write(self._head(reply.status, {"content-type": "text/event-stream; charset=utf-8",
+                                               "x-request-id": "req_mock",
+                                               **reply.headers,
+                                               "transfer-encoding": "chunked"}))
+        try:
+            for event in reply.events:
+                writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                await writer.drain()
+                if reply.interval and await self._until_client_leaves(reader, reply.interval):
+                    return False
+            if reply.ending == "drop":
+                return False
+            if reply.ending == "hang":
+                await self._until_client_leaves(reader, None)
+                return False
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except ConnectionError:
+            self.disconnects.append(time.monotonic())
+            return False
+        return True
+
+    async def _until_client_leaves(self, reader: asyncio.StreamReader, timeout: float | None) -> bool:
+        """Wait ``timeout`` seconds (forever if ``None``); True if the client hung up."""
+        try:
+            data = await asyncio.wait_for(reader.read(1), timeout)
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            data = b""
+        if not data:
+            self.disconnects.append(time.monotonic())
+            return True
+        return False
+
+    @staticmethod
+    def _head(status: int, headers: dict[str, str]) -> bytes:
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def events_of(chunks: Iterable[dict[str, Any]], done: bool = True) -> list[bytes]:
+    """SSE events for the given chunk objects, optionally followed by ``[DONE]``."""
+    events = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]
+    if done:
+        events.append(b"data: [DONE]\n\n")
+    return events
