@@ -31,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("file", help="a chat completions request body (JSON); - for stdin")
     compact.add_argument("--model", help="model to budget for (default: the request's)")
-    compact.add_argument("--policy", help="policy as in the header, e.g. 'mode=truncate, trigger=0.6'")
+    compact.add_argument(
+        "--policy", help="policy as in the header, e.g. 'mode=truncate, trigger=0.6'"
+    )
     compact.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
     return parser
 

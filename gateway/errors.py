@@ -1,8 +1,8 @@
 """Errors a client of the gateway can see, each with a stable status, ``type`` and ``code``.
 
     GatewayError
-    ├── InvalidRequest          400  invalid_request_error  (malformed JSON, wrong types, bad policy)
-    ├── RequestRejectedError    400  invalid_request_error  (the pipeline refused: payload_too_large, ...)
+    ├── InvalidRequest          400  invalid_request_error  (bad JSON, wrong types, bad policy)
+    ├── RequestRejectedError    400  invalid_request_error  (pipeline refusal: payload_too_large)
     ├── PayloadTooLarge         413  invalid_request_error  request_too_large
     ├── NotFound                404  invalid_request_error  not_found
     ├── UpstreamUnreachable     502  upstream_error         upstream_unreachable

@@ -10,7 +10,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Final
 
-import http_sfv
+from http_sfv.dictionary import Dictionary
+from http_sfv.item import Item
 
 from gateway.errors import InvalidRequest
 from pipelines import Policy, PolicyError, Report
@@ -24,7 +25,7 @@ def policy_from_header(value: str | None, base: Policy) -> Policy:
     """``base`` tuned by the header's keys; a bad header is a 400 that names the key."""
     if not value:
         return base
-    parsed = http_sfv.Dictionary()
+    parsed = Dictionary()
     try:
         parsed.parse(value.encode("latin-1"))
     except (ValueError, UnicodeEncodeError) as exc:
@@ -36,7 +37,7 @@ def policy_from_header(value: str | None, base: Policy) -> Policy:
         ) from exc
     values: dict[str, Any] = {}
     for key, member in parsed.items():
-        item = member.value if isinstance(member, http_sfv.Item) else member
+        item = member.value if isinstance(member, Item) else member
         values[key] = _plain(item)
     try:
         return Policy.from_mapping(values, base)

@@ -56,4 +56,3 @@ class Gateway:
         await self.upstream.aclose()
         if self.redis is not None:
             await self.redis.aclose()
-

@@ -1,8 +1,8 @@
 """contextgate's context pipeline as a plain library (it never imports the gateway).
 
-    result = await pipelines.compact(request, model="gpt-4o", policy=Policy(trigger=0.6))
-    result.request   # the request to send upstream
-    result.report    # what every stage did, tokens before and after
+result = await pipelines.compact(request, model="gpt-4o", policy=Policy(trigger=0.6))
+result.request   # the request to send upstream
+result.report    # what every stage did, tokens before and after
 """
 
 from pipelines.budget import Budget

@@ -78,7 +78,9 @@ class Policy:
             if not low <= value <= high:
                 raise PolicyError(_wire(name), f"must be between {low:g} and {high:g}, got {value}")
         if self.target >= self.trigger:
-            raise PolicyError("target", f"must be below trigger ({self.trigger}), got {self.target}")
+            raise PolicyError(
+                "target", f"must be below trigger ({self.trigger}), got {self.target}"
+            )
         if self.summary_model is not None and not self.summary_model.strip():
             raise PolicyError("summary-model", "must not be empty")
 

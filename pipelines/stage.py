@@ -41,8 +41,7 @@ class OffloadStore(Protocol):
 class Summarizer(Protocol):
     """Writes a structured summary of messages with an auxiliary model."""
 
-    async def summarize(self, messages: list[dict[str, Any]], *, model: str) -> dict[str, Any]:
-        ...
+    async def summarize(self, messages: list[dict[str, Any]], *, model: str) -> dict[str, Any]: ...
 
 
 @runtime_checkable

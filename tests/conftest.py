@@ -37,7 +37,9 @@ def upstream(mock_upstream: MockUpstream) -> Iterator[MockUpstream]:
 
 
 def settings_for(upstream: MockUpstream, **overrides: object) -> Settings:
-    upstream_fields = {k: v for k, v in overrides.items() if k in UpstreamSettings.__struct_fields__}
+    upstream_fields = {
+        k: v for k, v in overrides.items() if k in UpstreamSettings.__struct_fields__
+    }
     other = {k: v for k, v in overrides.items() if k not in upstream_fields}
     return Settings(
         upstream=UpstreamSettings(base_url=upstream.base_url, **upstream_fields),  # type: ignore[arg-type]

@@ -33,11 +33,13 @@ class GatewayServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -71,14 +73,29 @@ def private_redis() -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                workdir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             deadline = time.monotonic() + 10
             while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
                     break
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("redis-server did not start")

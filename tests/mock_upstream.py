@@ -57,6 +57,8 @@ class SSEReply:
     first_byte_delay: float = 0.0
     interval: float = 0.0
     ending: Literal["end", "drop", "hang"] = "end"
+    gate: int = 0
+    """Hold the reply until this many requests are in flight at once (at most 30 s)."""
 
 
 @dataclass
@@ -186,8 +188,12 @@ class MockUpstream:
             if reply is not None:
                 return reply
         if received.path.startswith("/v1/models"):
-            return JSONReply({"object": "list", "data": [{"id": "gpt-4o", "object": "model",
-                                                         "created": 1, "owned_by": "mock"}]})
+            return JSONReply(
+                {
+                    "object": "list",
+                    "data": [{"id": "gpt-4o", "object": "model", "created": 1, "owned_by": "mock"}],
+                }
+            )
         return JSONReply(chat_completion())
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -204,7 +210,9 @@ class MockUpstream:
             self._connections.discard(writer)
             writer.transport.abort()
 
-    async def _one_exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _one_exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
@@ -227,8 +235,9 @@ class MockUpstream:
         finally:
             self.in_flight -= 1
 
-    async def _answer(self, received: Received, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> bool:
+    async def _answer(
+        self, received: Received, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         reply = self._next_reply(received)
         if isinstance(reply, Drop):
             return False
@@ -239,23 +248,41 @@ class MockUpstream:
             if reply.delay and await self._until_client_leaves(reader, reply.delay):
                 return False
             payload = reply.body if isinstance(reply.body, bytes) else orjson.dumps(reply.body)
-            head_out = self._head(reply.status, {"content-type": "application/json",
-                                                 "x-request-id": "req_mock",
-                                                 **reply.headers,
-                                                 "content-length": str(len(payload))})
+            head_out = self._head(
+                reply.status,
+                {
+                    "content-type": "application/json",
+                    "x-request-id": "req_mock",
+                    **reply.headers,
+                    "content-length": str(len(payload)),
+                },
+            )
             writer.write(head_out + payload)
             await writer.drain()
             return True
         return await self._stream(reply, reader, writer)
 
-    async def _stream(self, reply: SSEReply, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> bool:
-        if reply.first_byte_delay and await self._until_client_leaves(reader, reply.first_byte_delay):
+    async def _stream(
+        self, reply: SSEReply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        if reply.first_byte_delay and await self._until_client_leaves(
+            reader, reply.first_byte_delay
+        ):
             return False
-        writer.write(self._head(reply.status, {"content-type": "text/event-stream; charset=utf-8",
-                                               "x-request-id": "req_mock",
-                                               **reply.headers,
-                                               "transfer-encoding": "chunked"}))
+        deadline = time.monotonic() + 30
+        while self.max_in_flight < reply.gate and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        writer.write(
+            self._head(
+                reply.status,
+                {
+                    "content-type": "text/event-stream; charset=utf-8",
+                    "x-request-id": "req_mock",
+                    **reply.headers,
+                    "transfer-encoding": "chunked",
+                },
+            )
+        )
         try:
             for event in reply.events:
                 writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
@@ -274,7 +301,9 @@ class MockUpstream:
             return False
         return True
 
-    async def _until_client_leaves(self, reader: asyncio.StreamReader, timeout: float | None) -> bool:
+    async def _until_client_leaves(
+        self, reader: asyncio.StreamReader, timeout: float | None
+    ) -> bool:
         """Wait ``timeout`` seconds (forever if ``None``); True if the client hung up."""
         try:
             data = await asyncio.wait_for(reader.read(1), timeout)
@@ -294,8 +323,15 @@ class MockUpstream:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def events_of(chunks: Iterable[dict[str, Any]], done: bool = True) -> list[bytes]:

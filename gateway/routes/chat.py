@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from time import perf_counter
+from typing import Any
 
 import orjson
 from litestar import Request, post
@@ -19,7 +20,7 @@ from pipelines import CompactResult, RequestRejected
 __all__ = ["chat_completions", "compact_request"]
 
 
-async def compact_request(request: Request[object, object, object]) -> tuple[bytes, CompactResult]:
+async def compact_request(request: Request[Any, Any, Any]) -> tuple[bytes, CompactResult]:
     """Parse the chat body and run the pipeline over it under the request's policy."""
     gateway: Gateway = request.app.state.gateway
     raw = await request.body()
@@ -33,7 +34,7 @@ async def compact_request(request: Request[object, object, object]) -> tuple[byt
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[object, object, object]) -> ASGIResponse:
+async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     """OpenAI Chat Completions, streamed or not, through the context pipeline."""
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
@@ -49,7 +50,9 @@ async def chat_completions(request: Request[object, object, object]) -> ASGIResp
     answered = perf_counter()
     own_ms = (before_upstream - started) * 1000
     if is_event_stream(response):
-        ours = report_headers(request_id, result.report, own_ms + (perf_counter() - answered) * 1000)
+        ours = report_headers(
+            request_id, result.report, own_ms + (perf_counter() - answered) * 1000
+        )
         return streamed_response(response, ours, request_id)
     limit = None if response.is_success else gateway.settings.upstream.max_error_body_bytes
     body = await gateway.upstream.read_body(response, limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
@@ -14,7 +16,7 @@ __all__ = ["compact_dry_run"]
 
 
 @post("/v1/context/compact", status_code=200)
-async def compact_dry_run(request: Request[object, object, object]) -> ASGIResponse:
+async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>}``."""
     request_id = request.state.request_id = new_request_id()
     _, result = await compact_request(request)

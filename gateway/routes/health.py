@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
@@ -22,7 +23,7 @@ async def healthz() -> ASGIResponse:
 
 
 @get("/readyz")
-async def readyz(request: Request[object, object, object]) -> ASGIResponse:
+async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Ready to serve. A configured Redis that does not answer makes the gateway
     ``degraded`` (it still serves, keeping content rather than offloading it), not unready."""
     gateway: Gateway = request.app.state.gateway
@@ -30,7 +31,7 @@ async def readyz(request: Request[object, object, object]) -> ASGIResponse:
     status = "ready"
     if gateway.redis is not None:
         try:
-            await asyncio.wait_for(gateway.redis.ping(), timeout=1.0)  # type: ignore[misc]
+            await asyncio.wait_for(gateway.redis.ping(), timeout=1.0)
             store = "redis"
         except (RedisError, OSError, TimeoutError):
             store, status = "redis-unreachable", "degraded"

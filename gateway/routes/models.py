@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
@@ -14,7 +16,7 @@ __all__ = ["list_models"]
 
 
 @get("/v1/models")
-async def list_models(request: Request[object, object, object]) -> ASGIResponse:
+async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The models the caller may use (in passthrough mode: what the upstream lists)."""
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()

@@ -42,7 +42,9 @@ def test_completion_equals_direct(gateway: GatewayServer, upstream: MockUpstream
     reply = chat_completion("Hello there!")
     upstream.push(JSONReply(reply), JSONReply(reply))
     with sync_client(upstream.base_url) as direct, sync_client(gateway.base_url) as via:
-        expected = direct.chat.completions.with_raw_response.create(model="gpt-4o", messages=MESSAGES)
+        expected = direct.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=MESSAGES
+        )
         got = via.chat.completions.with_raw_response.create(model="gpt-4o", messages=MESSAGES)
     assert got.parse().model_dump() == expected.parse().model_dump()
     assert got.parse()._request_id == "req_mock"
@@ -55,38 +57,54 @@ def test_completion_equals_direct(gateway: GatewayServer, upstream: MockUpstream
 
 
 @pytest.mark.parametrize("name", recorded_streams())
-def test_recorded_stream_equals_direct(gateway: GatewayServer, upstream: MockUpstream,
-                                       name: str) -> None:
+def test_recorded_stream_equals_direct(
+    gateway: GatewayServer, upstream: MockUpstream, name: str
+) -> None:
     """Every recorded OpenAI stream arrives through the gateway byte for byte, and the SDK
     assembles the same chunks from it as it does directly."""
     events = recorded_stream(name)
     upstream.push(SSEReply(events), SSEReply(events))
     with sync_client(upstream.base_url) as direct, sync_client(gateway.base_url) as via:
-        expected = [c.model_dump() for c in direct.chat.completions.create(
-            model="gpt-4o", messages=MESSAGES, stream=True)]
-        got = [c.model_dump() for c in via.chat.completions.create(
-            model="gpt-4o", messages=MESSAGES, stream=True)]
+        expected = [
+            c.model_dump()
+            for c in direct.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        ]
+        got = [
+            c.model_dump()
+            for c in via.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        ]
     assert got == expected
     upstream.push(SSEReply(events))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "gpt-4o", "messages": MESSAGES, "stream": True}) as raw:
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+    ) as raw:
         assert raw.status_code == 200
         assert raw.read() == b"".join(events)
 
 
-async def test_async_client_streams_and_completes(gateway: GatewayServer,
-                                                  upstream: MockUpstream) -> None:
+async def test_async_client_streams_and_completes(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """The async SDK gets the same completion and stream through the gateway as directly."""
     events = recorded_stream(recorded_streams()[0])
-    upstream.push(JSONReply(chat_completion("async")), SSEReply(events),
-                  JSONReply(chat_completion("async")), SSEReply(events))
+    upstream.push(
+        JSONReply(chat_completion("async")),
+        SSEReply(events),
+        JSONReply(chat_completion("async")),
+        SSEReply(events),
+    )
     results = []
     for base in (upstream.base_url, gateway.base_url):
         async with async_client(base) as client:
             completion = await client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
             stream = await client.chat.completions.create(
-                model="gpt-4o", messages=MESSAGES, stream=True,
-                stream_options={"include_usage": True})
+                model="gpt-4o",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
             chunks = [c.model_dump() async for c in stream]
         results.append((completion.model_dump(), chunks))
     assert results[0] == results[1]
@@ -97,15 +115,23 @@ async def test_async_client_streams_and_completes(gateway: GatewayServer,
 
 def test_stream_is_relayed_event_by_event(gateway: GatewayServer, upstream: MockUpstream) -> None:
     """Each event reaches the client as the upstream sends it, not when the stream ends."""
-    chunks = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
-               "choices": [{"index": 0, "delta": {"content": f"part{i}"}, "finish_reason": None}]}
-              for i in range(4)]
+    chunks = [
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "gpt-4o",
+            "choices": [{"index": 0, "delta": {"content": f"part{i}"}, "finish_reason": None}],
+        }
+        for i in range(4)
+    ]
     upstream.push(SSEReply(events_of(chunks), interval=0.3))
     arrivals = []
     with sync_client(gateway.base_url) as client:
         started = time.monotonic()
-        for _chunk in client.chat.completions.create(model="gpt-4o", messages=MESSAGES,
-                                                     stream=True):
+        for _chunk in client.chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, stream=True
+        ):
             arrivals.append(time.monotonic() - started)
     assert len(arrivals) == 4
     assert arrivals[0] < 0.25
@@ -113,36 +139,61 @@ def test_stream_is_relayed_event_by_event(gateway: GatewayServer, upstream: Mock
 
 
 def test_tools_images_and_unknown_fields_forwarded_untouched(
-        gateway: GatewayServer, upstream: MockUpstream) -> None:
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """Tools, tool calls, image parts and fields the gateway does not know reach the
     upstream exactly as sent."""
     body = {
         "model": "gpt-4o",
         "messages": [
             {"role": "system", "content": "You are helpful."},
-            {"role": "user", "content": [
-                {"type": "text", "text": "What is in these?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
-                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png",
-                                                    "detail": "low"}},
-            ]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "lookup", "arguments": "{\"q\": \"cat\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "{\"animal\": \"cat\"}"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in these?"},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="},
+                    },
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "https://example.com/cat.png", "detail": "low"},
+                    },
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"q": "cat"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"animal": "cat"}'},
         ],
-        "tools": [{"type": "function", "function": {
-            "name": "lookup", "parameters": {"type": "object",
-                                             "properties": {"q": {"type": "string"}}}}}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+                },
+            }
+        ],
         "tool_choice": "auto",
         "temperature": 0.123456789,
         "vendor_extension": {"nested": [1, 2.5, None, "x"]},
         "seed": 18446744073709551615,
     }
     raw = orjson.dumps(body)
-    response = httpx.post(f"{gateway.base_url}/chat/completions", content=raw,
-                          headers={"content-type": "application/json",
-                                   "authorization": "Bearer sk-caller"})
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-caller"},
+    )
     assert response.status_code == 200
     forwarded = upstream.received[0]
     assert forwarded.body == raw
@@ -150,33 +201,59 @@ def test_tools_images_and_unknown_fields_forwarded_untouched(
     assert forwarded.path == "/v1/chat/completions"
 
 
-def test_upstream_tool_call_reply_reaches_sdk(gateway: GatewayServer, upstream: MockUpstream) -> None:
+def test_upstream_tool_call_reply_reaches_sdk(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """A tool-call answer from the upstream is parsed by the SDK as one."""
     reply = chat_completion()
-    reply["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_9", "type": "function",
-         "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}
+    reply["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_9",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+            }
+        ],
+    }
     reply["choices"][0]["finish_reason"] = "tool_calls"
     upstream.push(JSONReply(reply))
     with sync_client(gateway.base_url) as client:
         completion = client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     call = completion.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
-    assert call.function.arguments == "{\"city\":\"Paris\"}"  # type: ignore[union-attr]
+    assert call.function.arguments == '{"city":"Paris"}'  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(("status", "error_cls"), [
-    (400, openai.BadRequestError), (401, openai.AuthenticationError),
-    (429, openai.RateLimitError), (500, openai.InternalServerError),
-    (503, openai.InternalServerError),
-])
+@pytest.mark.parametrize(
+    ("status", "error_cls"),
+    [
+        (400, openai.BadRequestError),
+        (401, openai.AuthenticationError),
+        (429, openai.RateLimitError),
+        (500, openai.InternalServerError),
+        (503, openai.InternalServerError),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
-def test_upstream_error_relayed(gateway: GatewayServer, upstream: MockUpstream, status: int,
-                                error_cls: type[Exception], stream: bool) -> None:
+def test_upstream_error_relayed(
+    gateway: GatewayServer,
+    upstream: MockUpstream,
+    status: int,
+    error_cls: type[Exception],
+    stream: bool,
+) -> None:
     """An upstream error reaches the client with its status, body and retry-after, streamed
     or not: never as a 200 with an empty stream."""
-    body = {"error": {"message": f"upstream says {status}", "type": "some_error",
-                      "param": None, "code": f"code_{status}"}}
+    body = {
+        "error": {
+            "message": f"upstream says {status}",
+            "type": "some_error",
+            "param": None,
+            "code": f"code_{status}",
+        }
+    }
     upstream.push(JSONReply(body, status=status, headers={"retry-after": "7"}))
     with sync_client(gateway.base_url) as client, pytest.raises(error_cls) as caught:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=stream)
@@ -189,37 +266,49 @@ def test_upstream_error_relayed(gateway: GatewayServer, upstream: MockUpstream, 
 
 
 def test_error_after_stream_began_ends_with_one_error_event(
-        gateway: GatewayServer, upstream: MockUpstream) -> None:
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """An upstream connection that breaks mid-stream ends the client's stream with one
     terminal error event and no [DONE]; the SDK raises after the chunks it had."""
     events = recorded_stream(recorded_streams()[0])[:3]
     upstream.push(SSEReply(events, ending="drop"))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "gpt-4o", "messages": MESSAGES, "stream": True}) as raw:
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+    ) as raw:
         assert raw.status_code == 200
         received = raw.read()
     assert received.startswith(b"".join(events))
-    tail = received[len(b"".join(events)):]
+    tail = received[len(b"".join(events)) :]
     assert tail.count(b"data: ") == 1
-    assert orjson.loads(tail[len(b"data: "):])["error"]["code"] == "upstream_stream_error"
+    assert orjson.loads(tail[len(b"data: ") :])["error"]["code"] == "upstream_stream_error"
     assert b"[DONE]" not in received
     upstream.push(SSEReply(events, ending="drop"))
     seen = []
     with sync_client(gateway.base_url) as client, pytest.raises(openai.APIError):
-        for chunk in client.chat.completions.create(model="gpt-4o", messages=MESSAGES,
-                                                    stream=True):
+        for chunk in client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True):
             seen.append(chunk)
     assert len(seen) == 3
 
 
-def test_client_disconnect_closes_upstream_stream(gateway: GatewayServer,
-                                                  upstream: MockUpstream) -> None:
+def test_client_disconnect_closes_upstream_stream(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """A client that hangs up mid-stream has its upstream stream closed within a second."""
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
-             "choices": [{"index": 0, "delta": {"content": "tick"}, "finish_reason": None}]}
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": {"content": "tick"}, "finish_reason": None}],
+    }
     upstream.push(SSEReply(events_of([chunk] * 100), interval=0.2))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "gpt-4o", "messages": MESSAGES, "stream": True}) as raw:
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+    ) as raw:
         iterator = raw.iter_raw()
         next(iterator)
         left_at = time.monotonic()
@@ -228,14 +317,18 @@ def test_client_disconnect_closes_upstream_stream(gateway: GatewayServer,
     assert closed_at - left_at < 1.0
 
 
-def test_client_disconnect_while_upstream_silent(gateway: GatewayServer,
-                                                 upstream: MockUpstream) -> None:
+def test_client_disconnect_while_upstream_silent(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """A client that hangs up while the upstream is silent mid-stream also frees the
     upstream connection within a second."""
     events = recorded_stream(recorded_streams()[0])[:2]
     upstream.push(SSEReply(events, ending="hang"))
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions",
-                      json={"model": "gpt-4o", "messages": MESSAGES, "stream": True}) as raw:
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+    ) as raw:
         next(raw.iter_raw())
         left_at = time.monotonic()
     closed_at = upstream.wait_for_disconnect(3.0)
@@ -246,11 +339,13 @@ def test_client_disconnect_while_upstream_silent(gateway: GatewayServer,
 def test_upstream_unreachable_is_502(upstream: MockUpstream) -> None:
     """An upstream nobody listens on gives 502 upstream_unreachable in the OpenAI envelope."""
     from tests.harness import free_port
+
     settings = settings_for(upstream)
     dead = settings.upstream.__class__(base_url=f"http://127.0.0.1:{free_port()}/v1")
     with GatewayServer(settings.__class__(upstream=dead)) as server:
-        response = httpx.post(f"{server.base_url}/chat/completions",
-                              json={"model": "gpt-4o", "messages": MESSAGES})
+        response = httpx.post(
+            f"{server.base_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES}
+        )
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unreachable"
     assert response.json()["error"]["type"] == "upstream_error"
@@ -261,18 +356,23 @@ def test_upstream_timeout_is_504(upstream: MockUpstream, stream: bool) -> None:
     """An upstream that never answers gives 504 upstream_timeout after the read timeout."""
     upstream.push(Hang())
     with GatewayServer(settings_for(upstream, read_timeout=0.5)) as server:
-        response = httpx.post(f"{server.base_url}/chat/completions", timeout=10,
-                              json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream})
+        response = httpx.post(
+            f"{server.base_url}/chat/completions",
+            timeout=10,
+            json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream},
+        )
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "upstream_timeout"
 
 
-def test_upstream_dropping_connection_is_502(gateway: GatewayServer,
-                                             upstream: MockUpstream) -> None:
+def test_upstream_dropping_connection_is_502(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """An upstream that closes the connection without answering gives 502."""
     upstream.push(Drop())
-    response = httpx.post(f"{gateway.base_url}/chat/completions",
-                          json={"model": "gpt-4o", "messages": MESSAGES})
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES}
+    )
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unreachable"
 
@@ -282,28 +382,37 @@ def test_slow_first_byte_is_waited_for(gateway: GatewayServer, upstream: MockUps
     events = recorded_stream(recorded_streams()[1])
     upstream.push(SSEReply(events, first_byte_delay=1.0))
     with sync_client(gateway.base_url) as client:
-        chunks = list(client.chat.completions.create(model="gpt-4o", messages=MESSAGES,
-                                                     stream=True))
+        chunks = list(
+            client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+        )
     assert len(chunks) == len(events) - 1
 
 
-def test_many_concurrent_streams_are_not_capped(gateway: GatewayServer,
-                                                upstream: MockUpstream) -> None:
+def test_many_concurrent_streams_are_not_capped(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
     """150 streams at once all reach the upstream together: the gateway's connection pool
     does not make any of them wait for another to finish."""
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
-             "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]}
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+    }
     count = 150
-    upstream.push(*[SSEReply(events_of([chunk] * 2), first_byte_delay=4.0) for _ in range(count)])
+    upstream.push(*[SSEReply(events_of([chunk] * 2), gate=count) for _ in range(count)])
     results: list[int] = []
     lock = threading.Lock()
     limits = httpx.Limits(max_connections=count + 10)
     with httpx.Client(limits=limits, timeout=60) as client:
 
         def one() -> None:
-            with client.stream("POST", f"{gateway.base_url}/chat/completions",
-                               json={"model": "gpt-4o", "messages": MESSAGES,
-                                     "stream": True}) as response:
+            with client.stream(
+                "POST",
+                f"{gateway.base_url}/chat/completions",
+                json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+            ) as response:
                 body = response.read()
             with lock:
                 results.append(body.count(b"data: "))
@@ -315,3 +424,163 @@ def test_many_concurrent_streams_are_not_capped(gateway: GatewayServer,
             thread.join(60)
     assert results == [3] * count
     assert upstream.max_in_flight == count
+
+
+BAD_BODIES = [
+    (b"{not json", "invalid_json", None),
+    (b"", "invalid_json", None),
+    (b"[1, 2, 3]", "invalid_body", None),
+    (b'"just a string"', "invalid_body", None),
+    (b'{"model": "gpt-4o"}', "missing_required_parameter", "messages"),
+    (b'{"model": "gpt-4o", "messages": []}', "invalid_type", "messages"),
+    (b'{"model": "gpt-4o", "messages": "hello"}', "invalid_type", "messages"),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "missing_required_parameter", "model"),
+    (b'{"model": 42, "messages": [{"role": "user", "content": "x"}]}', "invalid_type", "model"),
+    (b'{"model": "gpt-4o", "messages": [42]}', "invalid_type", "messages[0]"),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "wizard", "content": "x"}]}',
+        "invalid_value",
+        "messages[0].role",
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": 7}]}',
+        "invalid_type",
+        "messages[0].content",
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": [1]}]}',
+        "invalid_type",
+        "messages[0].content[0]",
+    ),
+    (
+        b'{"model": "gpt-4o", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}',
+        "invalid_type",
+        "stream",
+    ),
+    (
+        b'{"model": "gpt-4o", "tools": {}, "messages": [{"role": "user", "content": "x"}]}',
+        "invalid_type",
+        "tools",
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "assistant", "tool_calls": "x"}]}',
+        "invalid_type",
+        "messages[0].tool_calls",
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        "invalid_json",
+        None,
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "n": 1e999}',
+        "invalid_json",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "code", "param"), BAD_BODIES)
+def test_bad_body_is_400_with_envelope(
+    gateway: GatewayServer, upstream: MockUpstream, raw: bytes, code: str, param: str | None
+) -> None:
+    """A body that is not a usable chat request gets a 400 in the OpenAI envelope naming
+    the problem, nothing is sent upstream, and the gateway keeps serving."""
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == code
+    assert error["param"] == param
+    assert error["message"]
+    assert upstream.received == []
+    with sync_client(gateway.base_url) as client:
+        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+
+
+def test_sdk_sees_bad_request_as_bad_request(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The SDK raises BadRequestError with the gateway's message for a bad request."""
+    with sync_client(gateway.base_url) as client, pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=[])
+    assert caught.value.code == "invalid_type"
+    assert "messages" in caught.value.message
+
+
+def test_body_over_limit_is_413(upstream: MockUpstream) -> None:
+    """A body over max_body_bytes gets 413 in the OpenAI envelope, whether it announces its
+    length or streams it chunked, and nothing reaches the upstream."""
+    with GatewayServer(settings_for(upstream, max_body_bytes=64 * 1024)) as server:
+        huge = orjson.dumps(
+            {"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 100_000}]}
+        )
+        announced = httpx.post(f"{server.base_url}/chat/completions", content=huge)
+
+        def chunks() -> Any:
+            for start in range(0, len(huge), 8192):
+                yield huge[start : start + 8192]
+
+        chunked = httpx.post(f"{server.base_url}/chat/completions", content=chunks())
+        ok = httpx.post(
+            f"{server.base_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES}
+        )
+    for response in (announced, chunked):
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+    assert ok.status_code == 200
+    assert len(upstream.received) == 1
+
+
+def test_deeply_nested_body_is_answered(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """A pathologically nested body gets a 4xx, not a crash."""
+    raw = (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "x": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}"
+    )
+    response = httpx.post(f"{gateway.base_url}/chat/completions", content=raw)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_bad_policy_header_is_400(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """An unknown, mistyped or out-of-range policy key is a 400 that names the key."""
+    cases = {
+        "colour=blue": "x-contextgate-policy.colour",
+        "trigger=7.5": "x-contextgate-policy.trigger",
+        "keep-images=lots": "x-contextgate-policy.keep-images",
+        "this is not a dictionary": "x-contextgate-policy",
+    }
+    for header, param in cases.items():
+        response = httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            headers={"x-contextgate-policy": header},
+            json={"model": "gpt-4o", "messages": MESSAGES},
+        )
+        assert response.status_code == 400, header
+        assert response.json()["error"]["code"] == "invalid_policy"
+        assert response.json()["error"]["param"] == param
+    good = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"x-contextgate-policy": "mode=truncate, trigger=0.6, keep-images=1"},
+        json={"model": "gpt-4o", "messages": MESSAGES},
+    )
+    assert good.status_code == 200
+    assert len(upstream.received) == 1
+    assert "x-contextgate-policy" not in upstream.received[0].headers
+
+
+def test_wrong_method_and_unknown_route(gateway: GatewayServer) -> None:
+    """A wrong method is 405 and an unknown route 404, both in the OpenAI envelope."""
+    wrong = httpx.put(f"{gateway.base_url}/chat/completions", json={})
+    missing = httpx.get(f"{gateway.url}/nothing/here")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"

@@ -1,0 +1,67 @@
+"""Parsing inbound chat bodies: anything that is not a usable request is InvalidRequest."""
+
+from __future__ import annotations
+
+import contextlib
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.codecs.openai import parse_chat_request
+from gateway.errors import InvalidRequest
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool", "x", 3])},
+    optional={"content": json_values, "tool_calls": json_values, "name": json_values},
+)
+bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.one_of(st.text(max_size=10), json_values),
+        "messages": st.one_of(st.lists(message, max_size=3), json_values),
+        "stream": json_values,
+        "tools": json_values,
+    },
+)
+
+
+@settings(max_examples=300)
+@given(st.one_of(bodies, json_values))
+def test_any_json_is_accepted_or_invalid_request(body: object) -> None:
+    """Any JSON value either parses into a dict with a string model and a list of messages,
+    or raises InvalidRequest: never another exception."""
+    try:
+        parsed = parse_chat_request(orjson.dumps(body))
+    except InvalidRequest as exc:
+        error = exc
+    else:
+        assert isinstance(parsed["model"], str)
+        assert isinstance(parsed["messages"], list)
+        return
+    assert error.status == 400
+    assert error.code
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_are_accepted_or_invalid_request(raw: bytes) -> None:
+    """Arbitrary bytes never raise anything but InvalidRequest."""
+    with contextlib.suppress(InvalidRequest):
+        parse_chat_request(raw)
+
+
+def test_valid_request_comes_back_whole() -> None:
+    """A valid body is returned with every field, known or not."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "extra": {"a": [1]}}
+    assert parse_chat_request(orjson.dumps(body)) == body

@@ -1,0 +1,41 @@
+"""SSE regrouping: whole events out, whatever the chunking in."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.sse import sse_events
+
+EVENTS = [b'data: {"a": 1}\n\n', b": keep-alive\n\n", b"event: x\ndata: y\n\n", b"data: [DONE]\n\n"]
+
+
+async def _chunks(data: bytes, cuts: list[int]) -> AsyncIterator[bytes]:
+    start = 0
+    for cut in sorted(set(cuts)):
+        yield data[start:cut]
+        start = cut
+    yield data[start:]
+
+
+async def _collect(data: bytes, cuts: list[int]) -> list[bytes]:
+    return [event async for event in sse_events(_chunks(data, cuts))]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=sum(len(e) for e in EVENTS)), max_size=30))
+async def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
+    """However the bytes are cut, the same complete events come out, byte for byte."""
+    assert await _collect(b"".join(EVENTS), cuts) == EVENTS
+
+
+async def test_crlf_terminators_are_kept() -> None:
+    """Events terminated by CRLF pairs come out whole with their own terminators."""
+    data = b"data: 1\r\n\r\ndata: 2\r\n\r\n"
+    assert await _collect(data, [7, 9, 11]) == [b"data: 1\r\n\r\n", b"data: 2\r\n\r\n"]
+
+
+async def test_unterminated_tail_is_flushed_as_an_event() -> None:
+    """A last event without its blank line still reaches the client, terminated."""
+    assert await _collect(b"data: 1\n\ndata: 2", []) == [b"data: 1\n\n", b"data: 2\n\n"]

