@@ -62,8 +62,7 @@ def report_headers(request_id: str, report: Report | None, overhead_ms: float) -
         "x-contextgate-overhead-ms": f"{overhead_ms:.3f}",
     }
     if report is not None:
-        headers["x-contextgate-tokens"] = (
-            f"before={report.tokens_before}, after={report.tokens_after}"
-        )
+        tokens = f"before={report.tokens_before}, after={report.tokens_after}"
+        headers["x-contextgate-tokens"] = tokens if report.exact else f"{tokens}, estimated"
         headers["x-contextgate-actions"] = ", ".join(report.actions)
     return headers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import secrets
 from dataclasses import dataclass
 
@@ -48,9 +49,13 @@ class Gateway:
         )
 
     def warm(self) -> None:
-        """Load the token encodings now rather than on the first request."""
+        """Load the token encodings now rather than on the first request, then move
+        everything built at start-up out of the garbage collector's view, so collections
+        triggered by large request bodies do not rescan it."""
         for encoding in ("o200k_base", "cl100k_base"):
             self.pipeline.counter(encoding)
+        gc.collect()
+        gc.freeze()
 
     async def aclose(self) -> None:
         await self.upstream.aclose()

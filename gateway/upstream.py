@@ -15,6 +15,7 @@ import httpx
 
 from gateway.errors import UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import UpstreamSettings
+from gateway.transport import UpstreamTransport
 
 __all__ = ["HOP_BY_HOP", "Upstream", "relayable_response_headers", "upstream_request_headers"]
 
@@ -87,7 +88,7 @@ class Upstream:
             base_url=settings.base_url,
             timeout=timeout,
             limits=limits,
-            transport=transport or httpx.AsyncHTTPTransport(limits=limits, retries=0),
+            transport=transport or UpstreamTransport(limits),
             follow_redirects=False,
             trust_env=False,
         )

@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Final
+from typing import Any
 
-from pipelines.budget import Budget
+from pipelines.budget import PREPARE, Budget
 from pipelines.catalog import ModelCatalog
 from pipelines.conversation import Conversation
+from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
 from pipelines.report import Report
-from pipelines.runner import ConversationTokens, run_stages
+from pipelines.runner import run_stages
 from pipelines.stage import Clock, OffloadStore, Stage, StageContext, Summarizer
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tokens import TokenCounter
 
 __all__ = ["CompactResult", "Pipeline", "compact"]
 
-THREAD_COUNT_CHARS: Final = 64_000
-"""Histories with more text than this are first counted on a worker thread (tiktoken
-releases the GIL), so a cold long history does not stall other requests."""
+log = logging.getLogger("contextgate.pipeline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class CompactResult:
 class Pipeline:
     """The stages, the model catalog and the token counters, with the injected I/O."""
 
-    __slots__ = ("_counters", "catalog", "clock", "stages", "store", "summarizer")
+    __slots__ = ("_background", "_counters", "catalog", "clock", "stages", "store", "summarizer")
 
     def __init__(
         self,
@@ -55,6 +55,19 @@ class Pipeline:
         self.summarizer = summarizer
         self.clock = clock
         self._counters: dict[str, TokenCounter] = {}
+        self._background: asyncio.Task[None] | None = None
+
+    def _measure_later(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on a worker thread in the background, one job at a time; while one
+        runs, further jobs are dropped (their messages are measured on a later request)."""
+        if self._background is not None and not self._background.done():
+            return
+        self._background = asyncio.get_running_loop().create_task(_in_thread(job))
+
+    async def settled(self) -> None:
+        """Wait until background measuring, if any, has finished."""
+        if self._background is not None:
+            await asyncio.shield(self._background)
 
     def counter(self, encoding: str) -> TokenCounter:
         """The shared, caching token counter for ``encoding``."""
@@ -80,11 +93,10 @@ class Pipeline:
         budget = Budget.for_request(info, policy, request)
         counter = self.counter(info.encoding)
         tokens = ConversationTokens(counter)
-        if _text_chars(conversation) > THREAD_COUNT_CHARS:
-            before = await asyncio.to_thread(tokens, conversation)
-        else:
-            before = tokens(conversation)
+        threshold = int(min(PREPARE, policy.trigger) * budget.input_tokens)
+        before = await tokens.first(conversation, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
+        report.exact = tokens.exact
         ctx = StageContext(
             model=info,
             policy=policy,
@@ -101,15 +113,11 @@ class Pipeline:
         return CompactResult(result.to_request() if changed else dict(request), report, changed)
 
 
-def _text_chars(conversation: Conversation) -> int:
-    total = 0
-    for message in conversation.messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
-    return total
+async def _in_thread(job: Callable[[], object]) -> None:
+    try:
+        await asyncio.to_thread(job)
+    except Exception:
+        log.warning("background token measuring failed", exc_info=True)
 
 
 _default: Pipeline | None = None

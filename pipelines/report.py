@@ -32,6 +32,8 @@ class Report:
     budget: int
     tokens_before: int
     tokens_after: int = 0
+    exact: bool = True
+    """False when some counts are estimates (see ``pipelines.counting``)."""
     ms: float = 0.0
     stages: list[StageReport] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class Report:
             "budget": self.budget,
             "tokens_before": self.tokens_before,
             "tokens_after": self.tokens_after,
+            "exact": self.exact,
             "utilisation_before": round(self.tokens_before / self.budget, 4),
             "utilisation_after": round(self.tokens_after / self.budget, 4),
             "ms": round(self.ms, 3),

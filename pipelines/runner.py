@@ -12,38 +12,14 @@ from collections.abc import Sequence
 from time import perf_counter
 
 from pipelines.conversation import Conversation
+from pipelines.counting import ConversationTokens
 from pipelines.errors import RequestRejected
-from pipelines.messages import Message
 from pipelines.report import Report, StageReport
 from pipelines.stage import Stage, StageContext
-from pipelines.tokens import REPLY_PRIMING, TokenCounter
 
-__all__ = ["ConversationTokens", "run_stages"]
+__all__ = ["run_stages"]
 
 log = logging.getLogger("contextgate.pipeline")
-
-
-class ConversationTokens:
-    """Counts a conversation's tokens, reusing the count of every message object already
-    seen in this request (stages keep unchanged messages as the same objects)."""
-
-    __slots__ = ("_counter", "_seen")
-
-    def __init__(self, counter: TokenCounter) -> None:
-        self._counter = counter
-        # id -> (message, count); holding the message keeps its id from being reused.
-        self._seen: dict[int, tuple[Message, int]] = {}
-
-    def __call__(self, conversation: Conversation) -> int:
-        total = REPLY_PRIMING + self._counter.count_tools(conversation.tools)
-        seen = self._seen
-        for message in conversation.messages:
-            known = seen.get(id(message))
-            if known is None:
-                known = (message, self._counter.count_message(message))
-                seen[id(message)] = known
-            total += known[1]
-        return total
 
 
 async def run_stages(

@@ -17,8 +17,7 @@ import base64
 import gzip
 import hashlib
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -33,6 +32,7 @@ __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_PRIMING",
     "TOOL_OVERHEAD",
+    "CacheKey",
     "EncodingIntegrityError",
     "TokenCounter",
     "build_encoding",
@@ -139,20 +139,25 @@ def estimate_tokens(text: str) -> int:
     return (ascii_chars + 3) // 4 + wide + (narrow + 1) // 2
 
 
+CacheKey = int
+
+
 class TokenCounter:
     """Counts tokens of texts, messages and whole chat requests for one encoding.
 
-    Message counts are memoised by a 128-bit BLAKE2b digest of the serialised message in a
-    bounded LRU shared by every request that uses this counter. Thread-safe.
+    Message counts are memoised by a hash of the message's content in a bounded cache
+    shared by every request that uses this counter. Thread-safe: ``measure``
+    may run on worker threads while the event loop looks other messages up.
     """
 
-    __slots__ = ("_cache", "_encoding", "_lock", "_max_entries", "hits", "misses")
+    __slots__ = ("_cache", "_encoding", "_lock", "_max_entries", "_short", "hits", "misses")
 
     def __init__(self, encoding_name: str = "o200k_base", *, max_entries: int = 200_000) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self._encoding = encoding(encoding_name)
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: dict[CacheKey, int] = {}
+        self._short: dict[str, int] = {}
         self._lock = threading.Lock()
         self._max_entries = max_entries
         self.hits = 0
@@ -172,50 +177,89 @@ class TokenCounter:
 
     def count_message(self, message: Message) -> int:
         """Tokens one chat message costs, cached by its content digest."""
-        return self._cached(orjson.dumps(message), lambda: self._count_message_uncached(message))
-
-    def count_tools(self, tools: Sequence[Any] | None) -> int:
-        """Tokens the tool schemas cost, cached by their digest."""
-        if not tools:
-            return 0
-        serialised = orjson.dumps(tools)
-        return self._cached(
-            serialised,
-            lambda: sum(
-                TOOL_OVERHEAD + self.count_text(orjson.dumps(tool).decode()) for tool in tools
-            ),
-        )
+        key = self.key(message)
+        tokens = self.lookup(key)
+        if tokens is None:
+            tokens = self.measure(message)
+            self.remember(key, tokens)
+        return tokens
 
     def count_messages(self, messages: Iterable[Message]) -> int:
         """Tokens of a list of messages, including the reply priming."""
         return REPLY_PRIMING + sum(self.count_message(m) for m in messages)
 
-    def _cached(self, serialised: bytes, compute: Callable[[], int]) -> int:
-        key = hashlib.blake2b(serialised, digest_size=16).digest()
-        with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return cached
-        tokens = compute()
-        with self._lock:
-            self.misses += 1
-            self._cache[key] = tokens
-            if len(self._cache) > self._max_entries:
-                self._cache.popitem(last=False)
+    def count_tools(self, tools: Sequence[Any] | None) -> int:
+        """Tokens the tool schemas cost, cached by their digest."""
+        if not tools:
+            return 0
+        key = self.key(tools)
+        tokens = self.lookup(key)
+        if tokens is None:
+            tokens = sum(
+                TOOL_OVERHEAD + self.count_text(orjson.dumps(tool).decode()) for tool in tools
+            )
+            self.remember(key, tokens)
         return tokens
 
-    def _count_message_uncached(self, message: Message) -> int:
+    @staticmethod
+    def key(value: Any) -> CacheKey:
+        """The cache key of a message (or a tool list): a hash of its content.
+
+        Python's keyed SipHash: of the message's fields directly when they are all plain
+        values (the common case, and the string hashes are computed once per request), else
+        of its JSON. Cheaper than a cryptographic digest by several times on a long
+        history, and enough for a per-process cache, where a collision could only misstate
+        one message's count."""
+        if type(value) is dict:
+            try:
+                return hash(tuple(value.items()))
+            except TypeError:
+                pass
+        return hash(orjson.dumps(value))
+
+    def estimate(self, message: Message) -> int:
+        """A quick upper-leaning estimate of a message: a token per 3 bytes of its JSON."""
+        return MESSAGE_OVERHEAD + len(orjson.dumps(message)) // 3
+
+    def lookup(self, key: CacheKey) -> int | None:
+        """The cached count for ``key``, if any."""
+        with self._lock:
+            tokens = self._cache.get(key)
+        if tokens is not None:
+            self.hits += 1
+        return tokens
+
+    def lookup_many(self, keys: Sequence[CacheKey]) -> list[int | None]:
+        """Cached counts for ``keys`` (``None`` where absent), under one lock."""
+        cache = self._cache
+        with self._lock:
+            found = [cache.get(key) for key in keys]
+        self.hits += len(found) - found.count(None)
+        return found
+
+    def remember(self, key: CacheKey, tokens: int) -> None:
+        """Cache a count; past the limit the oldest entry goes (first in, first out: a
+        still-used message that drops out is simply measured once more)."""
+        cache = self._cache
+        with self._lock:
+            self.misses += 1
+            cache[key] = tokens
+            if len(cache) > self._max_entries:
+                del cache[next(iter(cache))]
+
+    def measure(self, message: Message) -> int:
+        """Tokens one chat message costs, computed (no cache)."""
         tokens = MESSAGE_OVERHEAD
-        for key in ("role", "name", "tool_call_id", "reasoning_content", "refusal"):
+        for key in ("role", "name"):
+            value = message.get(key)
+            if isinstance(value, str):
+                tokens += self._count_short(value)
+        for key in ("tool_call_id", "reasoning_content", "refusal"):
             value = message.get(key)
             if isinstance(value, str):
                 tokens += self.count_text(value)
         for kind, value in iter_parts(message.get("content")):
-            if kind == "text":
-                tokens += self.count_text(value)
-            elif kind == "image":
+            if kind == "image":
                 tokens += IMAGE_TOKENS
             elif kind == "media":
                 tokens += AUDIO_TOKENS
@@ -226,8 +270,18 @@ class TokenCounter:
             for call in tool_calls:
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict):
-                    for field in ("name", "arguments"):
-                        value = function.get(field)
-                        if isinstance(value, str):
-                            tokens += self.count_text(value)
+                    name, arguments = function.get("name"), function.get("arguments")
+                    if isinstance(name, str):
+                        tokens += self._count_short(name)
+                    if isinstance(arguments, str):
+                        tokens += self.count_text(arguments)
+        return tokens
+
+    def _count_short(self, text: str) -> int:
+        """Counts of roles, names and other short recurring strings, memoised."""
+        tokens = self._short.get(text)
+        if tokens is None:
+            tokens = self.count_text(text)
+            if len(text) <= 64 and len(self._short) < 4_096:
+                self._short[text] = tokens
         return tokens

@@ -106,7 +106,8 @@ def recorded_streams() -> list[str]:
 class MockUpstream:
     """The server. Use as a context manager, or ``start()`` and ``stop()``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, record: bool = True, port: int = 0) -> None:
+        self.record = record
         self.received: list[Received] = []
         self.disconnects: list[float] = []
         self.in_flight = 0
@@ -118,7 +119,7 @@ class MockUpstream:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.StreamWriter] = set()
-        self.port = 0
+        self.port = port
 
     # -- control ---------------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class MockUpstream:
     # -- server ----------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
 
@@ -227,7 +228,8 @@ class MockUpstream:
         length = int(headers.get("content-length", "0"))
         body = await reader.readexactly(length) if length else b""
         received = Received(method, target, headers, body, time.monotonic())
-        self.received.append(received)
+        if self.record:
+            self.received.append(received)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -340,3 +342,35 @@ def events_of(chunks: Iterable[dict[str, Any]], done: bool = True) -> list[bytes
     if done:
         events.append(b"data: [DONE]\n\n")
     return events
+
+
+def _serve_forever() -> None:
+    """``python -m tests.mock_upstream --port N``: a standalone mock for benchmarks.
+
+    It answers chat requests with a fixed completion, or a recorded stream when the request
+    asks to stream, and keeps no history, so it costs the same on every path measured."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    events = recorded_stream("e2aad469b71d1d4894ff833ea147020a9d875eb7ce644a0ff355581690a4cbfd.bin")
+    completion = JSONReply(chat_completion())
+
+    def answer(received: Received) -> Reply:
+        return SSEReply(events) if b'"stream":true' in received.body else completion
+
+    server = MockUpstream(record=False, port=args.port)
+    server.handler = answer
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"ready {server.port}", flush=True)
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    _serve_forever()

@@ -52,36 +52,45 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
     return body
 
 
+_OPTIONAL_STRINGS = ("name", "tool_call_id", "reasoning_content")
+
+
 def _check_message(index: int, message: Any) -> None:
-    where = f"messages[{index}]"
+    # The common case is checked with as little work as possible: it runs for every
+    # message of every request. The error message is only built on failure.
     if not isinstance(message, dict):
-        raise _type_error(where, "an object", message)
+        raise _type_error(f"messages[{index}]", "an object", message)
     role = message.get("role")
     if role not in _ROLES:
+        param = f"messages[{index}].role"
         raise InvalidRequest(
-            f"Invalid value for '{where}.role': expected one of {', '.join(sorted(_ROLES))},"
+            f"Invalid value for '{param}': expected one of {', '.join(sorted(_ROLES))},"
             f" got {_show(role)}.",
             code="invalid_value",
-            param=f"{where}.role",
+            param=param,
         )
     content = message.get("content")
-    if content is not None and not isinstance(content, str | list):
-        raise _type_error(f"{where}.content", "a string, an array of parts or null", content)
-    if isinstance(content, list):
+    if content is not None and type(content) is not str:
+        if not isinstance(content, list):
+            raise _type_error(
+                f"messages[{index}].content", "a string, an array of parts or null", content
+            )
         for position, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise _type_error(
-                    f"{where}.content[{position}]", "an object with a string 'type'", part
+                    f"messages[{index}].content[{position}]",
+                    "an object with a string 'type'",
+                    part,
                 )
     tool_calls = message.get("tool_calls")
     if tool_calls is not None and not (
         isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)
     ):
-        raise _type_error(f"{where}.tool_calls", "an array of objects", tool_calls)
-    for key in ("name", "tool_call_id", "reasoning_content"):
+        raise _type_error(f"messages[{index}].tool_calls", "an array of objects", tool_calls)
+    for key in _OPTIONAL_STRINGS:
         value = message.get(key)
-        if value is not None and not isinstance(value, str):
-            raise _type_error(f"{where}.{key}", "a string", value)
+        if value is not None and type(value) is not str:
+            raise _type_error(f"messages[{index}].{key}", "a string", value)
 
 
 def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:

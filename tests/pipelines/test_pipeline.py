@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pipelines
 from pipelines import DEFAULT_STAGES, STAGE_NAMES, Pipeline, Policy, compact
-from pipelines.pipeline import THREAD_COUNT_CHARS
+from pipelines.counting import THREADED_MEASURE_CHARS
 
 TEN = (
     "guard_inbound",
@@ -61,7 +61,7 @@ async def test_long_history_counts_the_same_on_a_worker_thread() -> None:
         }
         for i in range(20)
     ]
-    assert sum(len(m["content"]) for m in messages) > THREAD_COUNT_CHARS
+    assert sum(len(m["content"]) for m in messages) > THREADED_MEASURE_CHARS
     pipeline = Pipeline()
     result = await pipeline.compact({"model": "gpt-4o", "messages": messages})
     counter = pipeline.counter("o200k_base")

@@ -47,3 +47,18 @@ def test_dry_run_rejects_bad_body(gateway: GatewayServer) -> None:
     response = httpx.post(f"{gateway.base_url}/context/compact", json={"model": "gpt-4o"})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages"
+
+
+def test_cold_long_history_reports_estimate(gateway: GatewayServer) -> None:
+    """A long history the gateway has not seen, far below every threshold, is reported as
+    estimated in the tokens header and the report."""
+    messages = [
+        {"role": "user", "content": f"cold turn {i}: " + "lorem ipsum dolor " * 300}
+        for i in range(20)
+    ]
+    response = httpx.post(
+        f"{gateway.base_url}/context/compact", json={"model": "gpt-4.1", "messages": messages}
+    )
+    assert response.status_code == 200
+    assert response.json()["report"]["exact"] is False
+    assert response.headers["x-contextgate-tokens"].endswith(", estimated")

@@ -1,0 +1,118 @@
+"""Counting one request's tokens: exact where a decision depends on it, cheap where not.
+
+A request's messages are looked up in the counter's shared cache first. What is not there
+(a history the process has not seen) is handled one of two ways:
+
+- if even a generous estimate (``ESTIMATE_MARGIN`` times the size-based estimate) leaves
+  the request below every utilisation threshold, nothing the pipeline decides can depend
+  on the exact figure: the estimate is used now, the report says so, and the exact counts
+  are measured on a worker thread in the background, so the conversation's next request
+  is counted exactly from the cache;
+- otherwise the missing messages are measured exactly before the stages run, on a worker
+  thread when there is much to measure, so other requests are not stalled.
+
+Exact tokenization of a 120K-token history takes tens of milliseconds here; the
+estimate takes well under one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final
+
+from pipelines.conversation import Conversation
+from pipelines.messages import Message
+from pipelines.tokens import REPLY_PRIMING, CacheKey, TokenCounter
+
+__all__ = ["ESTIMATE_MARGIN", "THREADED_MEASURE_CHARS", "ConversationTokens", "Deferred"]
+
+THREADED_MEASURE_CHARS: Final = 64_000
+"""Uncached text (in characters) above which exact measuring runs on a worker thread and
+a far-from-threshold request may be estimated."""
+ESTIMATE_MARGIN: Final = 2.0
+"""How far an estimate is trusted: it must stay under the threshold even when doubled."""
+
+Deferred = Callable[[Callable[[], object]], None]
+"""Runs a job on a worker thread in the background (the pipeline owns the task)."""
+
+_Miss = tuple[Message, CacheKey]
+
+
+class ConversationTokens:
+    """The token counts of one request's conversations, reusing the count of every message
+    object already seen in it (stages keep unchanged messages as the same objects)."""
+
+    __slots__ = ("_counter", "_seen", "exact")
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self._counter = counter
+        # id -> (message, count); holding the message keeps its id from being reused.
+        self._seen: dict[int, tuple[Message, int]] = {}
+        self.exact = True
+        """False when some counts of this request are estimates."""
+
+    async def first(
+        self, conversation: Conversation, *, threshold: int, defer: Deferred | None = None
+    ) -> int:
+        """Count the request as received. ``threshold`` is the lowest token count at which
+        any stage would act differently; ``defer`` allows background measuring."""
+        counter, seen = self._counter, self._seen
+        messages = conversation.messages
+        keys = [counter.key(message) for message in messages]
+        found = counter.lookup_many(keys)
+        misses: list[_Miss] = []
+        for message, key, tokens in zip(messages, keys, found, strict=True):
+            if tokens is None:
+                misses.append((message, key))
+            else:
+                seen[id(message)] = (message, tokens)
+        if not misses:
+            return self(conversation)
+        missing_chars = sum(_text_size(message) for message, _ in misses)
+        if defer is not None and missing_chars > THREADED_MEASURE_CHARS:
+            estimates = [counter.estimate(message) for message, _ in misses]
+            known = self(conversation, only_seen=True)
+            if known + ESTIMATE_MARGIN * sum(estimates) < threshold:
+                for (message, _), estimate in zip(misses, estimates, strict=True):
+                    seen[id(message)] = (message, estimate)
+                self.exact = False
+                defer(lambda: _remember_all(counter, misses))
+                return self(conversation)
+        if missing_chars > THREADED_MEASURE_CHARS:
+            counts = await asyncio.to_thread(_remember_all, counter, misses)
+        else:
+            counts = _remember_all(counter, misses)
+        for (message, _), tokens in zip(misses, counts, strict=True):
+            seen[id(message)] = (message, tokens)
+        return self(conversation)
+
+    def __call__(self, conversation: Conversation, *, only_seen: bool = False) -> int:
+        """Tokens of ``conversation``; messages not seen before in this request are counted
+        (exactly) now, unless ``only_seen``."""
+        total = REPLY_PRIMING + self._counter.count_tools(conversation.tools)
+        seen = self._seen
+        for message in conversation.messages:
+            known = seen.get(id(message))
+            if known is None:
+                if only_seen:
+                    continue
+                known = (message, self._counter.count_message(message))
+                seen[id(message)] = known
+            total += known[1]
+        return total
+
+
+def _remember_all(counter: TokenCounter, misses: list[_Miss]) -> list[int]:
+    counts = [counter.measure(message) for message, _ in misses]
+    for (_, key), tokens in zip(misses, counts, strict=True):
+        counter.remember(key, tokens)
+    return counts
+
+
+def _text_size(message: Message) -> int:
+    """Characters of a message's text content, roughly: enough to tell a long history."""
+    content = message.get("content")
+    if type(content) is str:
+        return len(content)
+    return 256
