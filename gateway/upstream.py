@@ -15,7 +15,6 @@ import httpx
 
 from gateway.errors import UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import UpstreamSettings
-from gateway.transport import UpstreamTransport
 
 __all__ = ["HOP_BY_HOP", "Upstream", "relayable_response_headers", "upstream_request_headers"]
 
@@ -88,7 +87,7 @@ class Upstream:
             base_url=settings.base_url,
             timeout=timeout,
             limits=limits,
-            transport=transport or UpstreamTransport(limits),
+            transport=transport or httpx.AsyncHTTPTransport(limits=limits, retries=0),
             follow_redirects=False,
             trust_env=False,
         )

@@ -10,6 +10,7 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
 from gateway.codecs.openai import parse_chat_request
+from gateway.disconnect import while_connected
 from gateway.errors import RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header, report_headers
 from gateway.relay import buffered_response, is_event_stream, streamed_response
@@ -44,18 +45,19 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
     headers["content-type"] = "application/json"
     before_upstream = perf_counter()
-    response = await gateway.upstream.send(
-        "POST", "chat/completions", headers=headers, content=content
+    upstream = gateway.upstream
+    response = await while_connected(
+        request.receive, upstream.send("POST", "chat/completions", headers=headers, content=content)
     )
     answered = perf_counter()
     own_ms = (before_upstream - started) * 1000
     if is_event_stream(response):
-        ours = report_headers(
-            request_id, result.report, own_ms + (perf_counter() - answered) * 1000
+        own_ms += (perf_counter() - answered) * 1000
+        return streamed_response(
+            response, report_headers(request_id, result.report, own_ms), request_id
         )
-        return streamed_response(response, ours, request_id)
-    limit = None if response.is_success else gateway.settings.upstream.max_error_body_bytes
-    body = await gateway.upstream.read_body(response, limit)
+    limit = None if response.is_success else upstream.settings.max_error_body_bytes
+    body = await while_connected(request.receive, upstream.read_body(response, limit))
     read = perf_counter()
     ours = report_headers(request_id, result.report, own_ms + (perf_counter() - read) * 1000)
     return buffered_response(response, body, ours)
