@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.load import closed_loop
 from pipelines import TokenCounter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,26 +163,6 @@ def run_scenario(
     }
 
 
-async def throughput(url: str, body: bytes, seconds: float, concurrency: int) -> float:
-    """Requests per second with ``concurrency`` clients for ``seconds``."""
-    limits = httpx.Limits(max_connections=concurrency)
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
-    done = 0
-    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
-        deadline = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < deadline:
-                response = await client.post(url, content=body, headers=headers)
-                if response.status_code == 200:
-                    done += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - started)
-
-
 def tokenizer_floor(messages: list[dict[str, Any]], runs: int = 15) -> float:
     """Median milliseconds to tokenize every message of ``messages`` exactly, uncached,
     in this process: the least a cold exact count can cost."""
@@ -207,7 +188,11 @@ def machine() -> str:
 
 
 def write_results(
-    output: Path, rows: list[dict[str, Any]], rps: dict[str, float], n: int, floor: float
+    output: Path,
+    rows: list[dict[str, Any]],
+    rps: dict[int, tuple[float, float]],
+    n: int,
+    floor: float,
 ) -> str:
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -228,10 +213,14 @@ def write_results(
     )
     lines += [
         "",
-        f"Throughput, small request, 32 concurrent clients for 10 s: direct"
-        f" {rps['direct']:.0f} req/s, through the gateway {rps['gateway']:.0f} req/s"
-        f" (ratio {rps['gateway'] / rps['direct']:.2f}). The client, the gateway and the mock"
-        " share the machine's 2 cores, so this is a floor, not a capacity figure.",
+        "Throughput, small request, closed loop (`bench/load.py`, keep-alive connections,"
+        " 8 s each): "
+        + "; ".join(
+            f"{c} connections: direct {d:.0f} req/s, through the gateway {g:.0f} req/s"
+            for c, (d, g) in rps.items()
+        )
+        + ". The load generator, the gateway and the mock share the machine's 2 cores, and the"
+        " gateway is one process on one core.",
         "",
         f"Exact tokenization of the 60K-token history's messages, uncached, in one process in"
         f" the same run: {floor:.2f} ms (the least any exact cold count costs; the gateway's own"
@@ -314,11 +303,17 @@ def main() -> None:
                 f"  (own {row['own_p50']:.2f} ms)"
             )
             rows.append(row)
-        rps = {
-            "direct": asyncio.run(throughput(direct, small_body, 10, 32)),
-            "gateway": asyncio.run(throughput(gateway, small_body, 10, 32)),
-        }
-        print(f"throughput: direct {rps['direct']:.0f} req/s, gateway {rps['gateway']:.0f} req/s")
+        rps: dict[int, tuple[float, float]] = {}
+        for concurrency in (8, 64):
+            path = "/v1/chat/completions"
+            on_direct, _ = asyncio.run(
+                closed_loop(mock_port, path, small_body, concurrency=concurrency, seconds=8)
+            )
+            on_gateway, _ = asyncio.run(
+                closed_loop(gateway_port, path, small_body, concurrency=concurrency, seconds=8)
+            )
+            rps[concurrency] = (on_direct, on_gateway)
+            print(f"throughput at {concurrency}: direct {on_direct:.0f}, gateway {on_gateway:.0f}")
     floor = tokenizer_floor(near)
     print(f"exact tokenization of the 60K history, in process: {floor:.2f} ms")
     print(write_results(args.output, rows, rps, n, floor))

@@ -46,6 +46,9 @@ class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Open connections at most; ``None``: no cap, so streams never queue behind others."""
     max_keepalive_connections: int = 256
     """Idle connections kept for reuse."""
+    pool_shards: int = 16
+    """Independent connection pools the connections are spread over (see
+    ``gateway.upstream.Upstream``); the limits above are totals across them."""
     keepalive_expiry: float = 30.0
     """Seconds an idle connection is kept."""
     max_error_body_bytes: int = 1_048_576
@@ -59,6 +62,8 @@ class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ConfigError(f"upstream.{name} must be positive")
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError("upstream.max_connections must be at least 1 or null")
+        if not 1 <= self.pool_shards <= 256:
+            raise ConfigError("upstream.pool_shards must be between 1 and 256")
 
 
 class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -114,8 +119,19 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _substitute(text: str, environ: Mapping[str, str]) -> str:
-    def value(match: re.Match[str]) -> str:
+def _substitute(value: Any, environ: Mapping[str, str]) -> Any:
+    """``value`` with ``${NAME}`` references replaced in every string it holds.
+
+    Done on the parsed document, not its text, so comments may mention references and a
+    secret's characters can never change the YAML's structure."""
+    if isinstance(value, dict):
+        return {key: _substitute(item, environ) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute(item, environ) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def replacement(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         if name in environ:
             return environ[name]
@@ -123,7 +139,7 @@ def _substitute(text: str, environ: Mapping[str, str]) -> str:
             return default
         raise ConfigError(f"the configuration refers to ${{{name}}}, which is not set")
 
-    return _ENV_REF.sub(value, text)
+    return _ENV_REF.sub(replacement, value)
 
 
 def load_settings(
@@ -139,7 +155,7 @@ def load_settings(
         except OSError as exc:
             raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
         try:
-            loaded = yaml.safe_load(_substitute(text, env))
+            loaded = _substitute(yaml.safe_load(text), env)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
@@ -158,6 +174,12 @@ def load_settings(
                 if not isinstance(target, dict):
                     raise ConfigError(f"{key} must be a mapping")
             target[keys[-1]] = value
+    # An unset ${VAR:-} leaves an empty string: for optional settings that means "not set".
+    if data.get("redis_url") == "":
+        data["redis_url"] = None
+    upstream = data.get("upstream")
+    if isinstance(upstream, dict) and upstream.get("api_key") == "":
+        upstream["api_key"] = None
     try:
         settings = msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:

@@ -8,6 +8,7 @@ a timeout is ``UpstreamTimeout`` (504), anything else that stops the exchange is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -64,17 +65,24 @@ def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
 
 
 class Upstream:
-    """A pooled HTTP client for one OpenAI-compatible base URL."""
+    """Pooled HTTP clients for one OpenAI-compatible base URL.
 
-    __slots__ = ("client", "settings")
+    Connections are spread over ``pool_shards`` independent httpx clients, taken in turn:
+    httpcore's pool rescans every connection it holds (quadratically, with a syscall per
+    idle one) each time a request starts or ends, so one pool serving a hundred concurrent
+    streams spends more time on bookkeeping than on relaying. Small pools keep that cheap.
+    """
+
+    __slots__ = ("_clients", "_turn", "settings")
 
     def __init__(
         self, settings: UpstreamSettings, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.settings = settings
+        shards = 1 if transport is not None else settings.pool_shards
         limits = httpx.Limits(
-            max_connections=settings.max_connections,
-            max_keepalive_connections=settings.max_keepalive_connections,
+            max_connections=_per_shard(settings.max_connections, shards),
+            max_keepalive_connections=_per_shard(settings.max_keepalive_connections, shards),
             keepalive_expiry=settings.keepalive_expiry,
         )
         timeout = httpx.Timeout(
@@ -83,14 +91,20 @@ class Upstream:
             write=settings.write_timeout,
             pool=settings.pool_timeout,
         )
-        self.client = httpx.AsyncClient(
-            base_url=settings.base_url,
-            timeout=timeout,
-            limits=limits,
-            transport=transport or httpx.AsyncHTTPTransport(limits=limits, retries=0),
-            follow_redirects=False,
-            trust_env=False,
+        tls = httpx.create_ssl_context()  # built once: loading the CA bundle is slow
+        self._clients = tuple(
+            httpx.AsyncClient(
+                base_url=settings.base_url,
+                timeout=timeout,
+                limits=limits,
+                transport=transport
+                or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0),
+                follow_redirects=False,
+                trust_env=False,
+            )
+            for _ in range(shards)
         )
+        self._turn = itertools.cycle(self._clients)
 
     async def send(
         self,
@@ -102,11 +116,12 @@ class Upstream:
         params: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """Send a request; the returned response's body is still to be read (or closed)."""
-        request = self.client.build_request(
+        client = next(self._turn)
+        request = client.build_request(
             method, path, headers=headers, content=content, params=params
         )
         try:
-            return await self.client.send(request, stream=True)
+            return await client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(
                 f"The upstream did not answer in time ({type(exc).__name__})."
@@ -138,4 +153,9 @@ class Upstream:
         return body if limit is None else body[:limit]
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for client in self._clients:
+            await client.aclose()
+
+
+def _per_shard(total: int | None, shards: int) -> int | None:
+    return None if total is None else max(1, -(-total // shards))

@@ -66,6 +66,7 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
         ("upstream:\n  base_url: ftp://x\n", "http(s) URL"),
         ("upstream:\n  colour: red\n", "unknown field `colour`"),
         ("upstream:\n  read_timeout: -1\n", "read_timeout must be positive"),
+        ("upstream:\n  pool_shards: 0\n", "pool_shards"),
         ("max_body_bytes: ten\n", "Expected `int`"),
         ("policy:\n  trigger: 9\n", "trigger"),
         ("models:\n  - {pattern: x, context_window: 10}\n", "context_window"),
@@ -87,3 +88,12 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     """A configuration path that does not exist is reported as such."""
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "absent.yaml", environ={})
+
+
+def test_example_configuration_loads() -> None:
+    """The example file shipped in the repository is a valid configuration."""
+    example = Path(__file__).resolve().parents[2] / "contextgate.example.yaml"
+    settings = load_settings(example, environ={})
+    assert settings.upstream.base_url == "https://api.openai.com/v1"
+    assert settings.redis_url is None
+    assert settings.catalog_entries()[0].pattern == "my-vllm-*"
