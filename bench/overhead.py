@@ -1,11 +1,13 @@
-"""Gateway overhead: the same requests sent directly to a mock upstream and through the
-gateway, interleaved in one run, so the difference is the gateway's own cost.
+"""Gateway overhead: the same requests sent directly to a mock upstream, through a bare
+passthrough proxy (``bench/passthrough.py``) and through contextgate, interleaved in one
+run, so the differences are the cost of the extra hop and of contextgate's own work.
 
     python -m bench.overhead [--requests 300] [--output docs/BENCHMARKS.md]
 
-The mock upstream and the gateway (``contextgate serve``, uvicorn with its default event
-loop and HTTP parser) each run in their own process on loopback; this process is the
-client. Histories are built from the real tau-bench airline trajectories in bench/data.
+The mock upstream, the passthrough and the gateway (``contextgate serve``, uvicorn with
+its default event loop and HTTP parser) each run in their own process on loopback; this
+process is the client. Histories are built from the real tau-bench airline trajectories
+in bench/data.
 """
 
 from __future__ import annotations
@@ -135,32 +137,37 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def run_scenario(
-    client: httpx.Client, direct: str, gateway: str, scenario: Scenario, n: int
+    client: httpx.Client, targets: dict[str, str], scenario: Scenario, n: int
 ) -> dict[str, Any]:
-    for i in range(5):  # warm both paths' connections
-        measure(client, direct, scenario.bodies(-1 - i), scenario.stream)
-        measure(client, gateway, scenario.bodies(-10 - i), scenario.stream)
-    direct_ms, gateway_ms, own_ms = [], [], []
+    """``n`` rounds; each round sends the scenario's request to every target, in an order
+    that rotates from round to round. Cold scenarios send every target a new body."""
+    names = list(targets)
+    for i in range(5):  # open and warm every path's connections
+        for name in names:
+            measure(
+                client,
+                targets[name],
+                scenario.bodies(-1 - i - 10 * names.index(name)),
+                scenario.stream,
+            )
+    times: dict[str, list[float]] = {name: [] for name in names}
+    own: list[float] = []
     for i in range(n):
-        body = scenario.bodies(i)
-        first, second = (direct, gateway) if i % 2 == 0 else (gateway, direct)
-        a = measure(client, first, body, scenario.stream)
-        body = scenario.bodies(n + i) if scenario.cold else body
-        b = measure(client, second, body, scenario.stream)
-        on_direct, on_gateway = (a, b) if first == direct else (b, a)
-        direct_ms.append(on_direct[0])
-        gateway_ms.append(on_gateway[0])
-        own_ms.append(on_gateway[1])
-    return {
-        "name": scenario.name,
-        "bytes": len(scenario.bodies(0)),
-        "direct_p50": statistics.median(direct_ms),
-        "gateway_p50": statistics.median(gateway_ms),
-        "overhead_p50": statistics.median(gateway_ms) - statistics.median(direct_ms),
-        "direct_p99": quantile(direct_ms, 0.99),
-        "gateway_p99": quantile(gateway_ms, 0.99),
-        "own_p50": statistics.median(own_ms),
-    }
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for position, name in enumerate(order):
+            index = i * len(names) + position if scenario.cold else i
+            elapsed, reported = measure(
+                client, targets[name], scenario.bodies(index), scenario.stream
+            )
+            times[name].append(elapsed)
+            if name == "gateway":
+                own.append(reported)
+    row: dict[str, Any] = {"name": scenario.name, "bytes": len(scenario.bodies(0))}
+    for name in names:
+        row[f"{name}_p50"] = statistics.median(times[name])
+        row[f"{name}_p99"] = quantile(times[name], 0.99)
+    row["own_p50"] = statistics.median(own)
+    return row
 
 
 def tokenizer_floor(messages: list[dict[str, Any]], runs: int = 15) -> float:
@@ -190,7 +197,7 @@ def machine() -> str:
 def write_results(
     output: Path,
     rows: list[dict[str, Any]],
-    rps: dict[int, tuple[float, float]],
+    rps: dict[int, dict[str, float]],
     n: int,
     floor: float,
 ) -> str:
@@ -198,17 +205,21 @@ def write_results(
     lines = [
         RESULTS_START,
         f"Measured {date} on {machine()}; `make bench` (`python -m bench.overhead"
-        f" --requests {n}`). Each row: {n} requests per path, direct and through the gateway"
-        " interleaved, sequential, keep-alive; medians in milliseconds.",
+        f" --requests {n}`). Each row: {n} rounds (a third of that for the long histories),"
+        " each sending the request straight to the mock, through the bare passthrough and"
+        " through contextgate, in rotating order; sequential, keep-alive; milliseconds.",
         "",
-        "| scenario | body | direct p50 | gateway p50 | overhead p50 | gateway's own p50"
-        " | direct p99 | gateway p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| scenario | body | direct p50 | bare passthrough p50 | contextgate p50 |"
+        " contextgate overhead p50 | passthrough overhead p50 | contextgate's own p50 |"
+        " contextgate p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines.extend(
         f"| {row['name']} | {row['bytes'] / 1024:.0f} KB | {row['direct_p50']:.2f} |"
-        f" {row['gateway_p50']:.2f} | **{row['overhead_p50']:.2f}** | {row['own_p50']:.2f} |"
-        f" {row['direct_p99']:.2f} | {row['gateway_p99']:.2f} |"
+        f" {row['passthrough_p50']:.2f} | {row['gateway_p50']:.2f} |"
+        f" **{row['gateway_p50'] - row['direct_p50']:.2f}** |"
+        f" {row['passthrough_p50'] - row['direct_p50']:.2f} | {row['own_p50']:.2f} |"
+        f" {row['gateway_p99']:.2f} |"
         for row in rows
     )
     lines += [
@@ -216,8 +227,9 @@ def write_results(
         "Throughput, small request, closed loop (`bench/load.py`, keep-alive connections,"
         " 8 s each): "
         + "; ".join(
-            f"{c} connections: direct {d:.0f} req/s, through the gateway {g:.0f} req/s"
-            for c, (d, g) in rps.items()
+            f"{c} connections: direct {r['direct']:.0f} req/s, bare passthrough"
+            f" {r['passthrough']:.0f} req/s, contextgate {r['gateway']:.0f} req/s"
+            for c, r in rps.items()
         )
         + ". The load generator, the gateway and the mock share the machine's 2 cores, and the"
         " gateway is one process on one core.",
@@ -279,41 +291,59 @@ def main() -> None:
         Scenario("60K-token history on gpt-4o, cold (counted exactly)", cold_exact, cold=True),
     ]
 
-    mock_port, gateway_port = free_port(), free_port()
+    mock_port, gateway_port, passthrough_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_URL", None)
     env.pop("CONTEXTGATE_CONFIG", None)
-    direct = f"http://127.0.0.1:{mock_port}/v1/chat/completions"
-    gateway = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"
+    targets = {
+        name: f"http://127.0.0.1:{port}/v1/chat/completions"
+        for name, port in (
+            ("direct", mock_port),
+            ("passthrough", passthrough_port),
+            ("gateway", gateway_port),
+        )
+    }
+    upstream = f"http://127.0.0.1:{mock_port}/v1"
+    passthrough_cmd = [
+        sys.executable,
+        "-m",
+        "bench.passthrough",
+        "--port",
+        str(passthrough_port),
+        "--upstream",
+        upstream,
+    ]
     mock_cmd = [sys.executable, "-m", "tests.mock_upstream", "--port", str(mock_port)]
     gateway_cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gateway_port)]
-    gateway_env = {**env, "CONTEXTGATE_UPSTREAM_BASE_URL": f"http://127.0.0.1:{mock_port}/v1"}
+    gateway_env = {**env, "CONTEXTGATE_UPSTREAM_BASE_URL": upstream}
     with (
         process(mock_cmd, env, answers(f"http://127.0.0.1:{mock_port}/v1/models")),
         process(gateway_cmd, gateway_env, answers(f"http://127.0.0.1:{gateway_port}/healthz")),
+        process(passthrough_cmd, env, answers(f"http://127.0.0.1:{passthrough_port}/")),
         httpx.Client(timeout=60) as client,
     ):
         rows = []
         for scenario in scenarios:
             count = n if "K-token" not in scenario.name else max(20, n // 3)
-            row = run_scenario(client, direct, gateway, scenario, count)
+            row = run_scenario(client, targets, scenario, count)
             print(
-                f"{row['name']:45s} direct {row['direct_p50']:7.2f} ms  gateway"
-                f" {row['gateway_p50']:7.2f} ms  overhead {row['overhead_p50']:6.2f} ms"
-                f"  (own {row['own_p50']:.2f} ms)"
+                f"{row['name']:52s} direct {row['direct_p50']:6.2f}  passthrough"
+                f" {row['passthrough_p50']:6.2f}  contextgate {row['gateway_p50']:6.2f}"
+                f"  (own {row['own_p50']:.2f}) ms"
             )
             rows.append(row)
-        rps: dict[int, tuple[float, float]] = {}
+        rps: dict[int, dict[str, float]] = {}
+        ports = {"direct": mock_port, "passthrough": passthrough_port, "gateway": gateway_port}
         for concurrency in (8, 64):
-            path = "/v1/chat/completions"
-            on_direct, _ = asyncio.run(
-                closed_loop(mock_port, path, small_body, concurrency=concurrency, seconds=8)
-            )
-            on_gateway, _ = asyncio.run(
-                closed_loop(gateway_port, path, small_body, concurrency=concurrency, seconds=8)
-            )
-            rps[concurrency] = (on_direct, on_gateway)
-            print(f"throughput at {concurrency}: direct {on_direct:.0f}, gateway {on_gateway:.0f}")
+            rps[concurrency] = {
+                name: asyncio.run(
+                    closed_loop(
+                        port, "/v1/chat/completions", small_body, concurrency=concurrency, seconds=8
+                    )
+                )[0]
+                for name, port in ports.items()
+            }
+            print(f"throughput at {concurrency} connections (req/s): {rps[concurrency]}")
     floor = tokenizer_floor(near)
     print(f"exact tokenization of the 60K history, in process: {floor:.2f} ms")
     print(write_results(args.output, rows, rps, n, floor))
