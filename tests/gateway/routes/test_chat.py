@@ -587,16 +587,19 @@ def test_wrong_method_and_unknown_route(gateway: GatewayServer) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_client_leaving_before_first_byte_frees_upstream(gateway: GatewayServer,
-                                                         upstream: MockUpstream,
-                                                         stream: bool) -> None:
+def test_client_leaving_before_first_byte_frees_upstream(
+    gateway: GatewayServer, upstream: MockUpstream, stream: bool
+) -> None:
     """A client that gives up while the upstream has not answered yet (a long non-streamed
     completion, or a stream's slow first byte) has its upstream request closed within a
     second, so it stops costing tokens."""
     upstream.push(Hang())
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{gateway.base_url}/chat/completions", timeout=httpx.Timeout(5, read=0.5),
-                   json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream})
+        httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            timeout=httpx.Timeout(5, read=0.5),
+            json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream},
+        )
     left_at = time.monotonic()
     closed_at = upstream.wait_for_disconnect(3.0)
     assert closed_at is not None
