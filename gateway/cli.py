@@ -66,7 +66,7 @@ def _compact(args: argparse.Namespace) -> int:
     raw = sys.stdin.buffer.read() if args.file == "-" else _read(args.file)
     body = parse_chat_request(raw)
     policy = policy_from_header(args.policy, settings.default_policy())
-    pipeline = Pipeline(catalog=ModelCatalog().extended(settings.catalog_entries()))
+    pipeline = Pipeline(catalog=ModelCatalog().extended(settings.models))
     result = asyncio.run(pipeline.compact(body, model=args.model, policy=policy))
     output = {"request": result.request, "report": result.report.as_dict()}
     sys.stdout.buffer.write(orjson.dumps(output, option=orjson.OPT_INDENT_2) + b"\n")

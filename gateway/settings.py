@@ -9,6 +9,7 @@ with a message that names the field.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -72,19 +73,6 @@ class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     base_url: str = "https://api.anthropic.com"
 
 
-class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A model catalog entry added or overridden by configuration."""
-
-    pattern: str
-    context_window: int
-    output_reserve: int = 4_096
-    family: str = "other"
-    thinking: str = "none"
-    encoding: str = "o200k_base"
-    cache_ttl: int = 300
-    vision: bool = True
-
-
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the gateway is configured with."""
 
@@ -94,20 +82,15 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Redis for the offload store and conversation records; ``None``: in memory."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
-    models: tuple[ModelEntry, ...] = ()
-    """Catalog entries added to (or overriding) the built-in ones."""
+    models: tuple[ModelInfo, ...] = ()
+    """Catalog entries added to (or overriding) the built-in ones, with the fields of
+    ``pipelines.ModelInfo``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
-
-    def catalog_entries(self) -> tuple[ModelInfo, ...]:
-        try:
-            return tuple(ModelInfo(**msgspec.structs.asdict(entry)) for entry in self.models)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"models: {exc}") from exc
 
     def default_policy(self) -> Policy:
         try:
@@ -174,6 +157,7 @@ def load_settings(
                 if not isinstance(target, dict):
                     raise ConfigError(f"{key} must be a mapping")
             target[keys[-1]] = value
+    _check_model_fields(data.get("models"))
     # An unset ${VAR:-} leaves an empty string: for optional settings that means "not set".
     if data.get("redis_url") == "":
         data["redis_url"] = None
@@ -184,6 +168,15 @@ def load_settings(
         settings = msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    settings.catalog_entries()
     settings.default_policy()
     return settings
+
+
+def _check_model_fields(models: Any) -> None:
+    """Unknown keys in a model entry are refused (msgspec ignores them on dataclasses)."""
+    known = {field.name for field in dataclasses.fields(ModelInfo)}
+    for index, entry in enumerate(models if isinstance(models, list) else ()):
+        if isinstance(entry, dict) and (unknown := sorted(set(entry) - known)):
+            raise ConfigError(
+                f"models[{index}]: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+            )

@@ -34,7 +34,7 @@ class Gateway:
     def build(
         cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> Gateway:
-        catalog = ModelCatalog().extended(settings.catalog_entries())
+        catalog = ModelCatalog().extended(settings.models)
         redis = None
         if settings.redis_url:
             redis = aioredis.Redis.from_url(

@@ -55,7 +55,7 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
     assert settings.upstream.api_key == "sk-abc"
     assert settings.upstream.read_timeout == 30
     assert settings.max_body_bytes == 1_048_576
-    assert settings.catalog_entries()[0].context_window == 32_000
+    assert settings.models[0].context_window == 32_000
     policy = settings.default_policy()
     assert (policy.trigger, policy.keep_images) == (0.6, 3)
 
@@ -70,6 +70,8 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
         ("max_body_bytes: ten\n", "Expected `int`"),
         ("policy:\n  trigger: 9\n", "trigger"),
         ("models:\n  - {pattern: x, context_window: 10}\n", "context_window"),
+        ("models:\n  - {pattern: x, context_window: 9000, windw: 1}\n", "unknown field 'windw'"),
+        ("models:\n  - {pattern: x, context_window: 9000, family: martian}\n", "family"),
         ("upstream:\n  api_key: ${MISSING_SECRET}\n", "MISSING_SECRET"),
         ("- just\n- a list\n", "mapping"),
         ("upstream: [unclosed\n", "not valid YAML"),
@@ -96,4 +98,4 @@ def test_example_configuration_loads() -> None:
     settings = load_settings(example, environ={})
     assert settings.upstream.base_url == "https://api.openai.com/v1"
     assert settings.redis_url is None
-    assert settings.catalog_entries()[0].pattern == "my-vllm-*"
+    assert settings.models[0].pattern == "my-vllm-*"

