@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from gateway.settings import Settings, UpstreamSettings
 from tests.harness import GatewayServer, private_redis, redis_from_env
 from tests.mock_upstream import MockUpstream
+
+# Property tests: `fast` in CI and by default, `deep` on demand (HYPOTHESIS_PROFILE=deep).
+# No deadline: this machine is shared, and a slow example is not a failing one.
+hypothesis_settings.register_profile(
+    "fast", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.register_profile("deep", max_examples=5_000, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
 @pytest.fixture(scope="session")

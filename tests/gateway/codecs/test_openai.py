@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.codecs.openai import parse_chat_request
@@ -37,7 +37,6 @@ bodies = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300)
 @given(st.one_of(bodies, json_values))
 def test_any_json_is_accepted_or_invalid_request(body: object) -> None:
     """Any JSON value either parses into a dict with a string model and a list of messages,
