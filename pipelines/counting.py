@@ -12,7 +12,8 @@ A request's messages are looked up in the counter's shared cache first. What is 
   thread when there is much to measure, so other requests are not stalled.
 
 Exact tokenization of a 120K-token history takes tens of milliseconds here; the
-estimate takes well under one.
+estimate takes well under one. Decisions about one item (a tool output over the filter's
+size, say) do not depend on the request's total and count that item themselves.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from typing import Final
 
 from pipelines.conversation import Conversation
-from pipelines.messages import Message
+from pipelines.messages import Message, iter_parts
 from pipelines.tokens import REPLY_PRIMING, CacheKey, TokenCounter
 
 __all__ = ["ESTIMATE_MARGIN", "THREADED_MEASURE_CHARS", "ConversationTokens", "Deferred"]
@@ -111,8 +112,10 @@ def _remember_all(counter: TokenCounter, misses: list[_Miss]) -> list[int]:
 
 
 def _text_size(message: Message) -> int:
-    """Characters of a message's text content, roughly: enough to tell a long history."""
+    """Characters of a message's text, roughly: enough to tell a long history."""
     content = message.get("content")
     if type(content) is str:
         return len(content)
+    if type(content) is list:
+        return sum(len(text) for _, text in iter_parts(content)) + 256
     return 256

@@ -69,6 +69,20 @@ class Pipeline:
         if self._background is not None:
             await asyncio.shield(self._background)
 
+    def using(
+        self, *, store: OffloadStore | None = None, summarizer: Summarizer | None = None
+    ) -> Pipeline:
+        """This pipeline with other I/O, sharing its catalog, stages and token caches."""
+        other = Pipeline(
+            stages=self.stages,
+            catalog=self.catalog,
+            store=store,
+            summarizer=summarizer,
+            clock=self.clock,
+        )
+        other._counters = self._counters
+        return other
+
     def counter(self, encoding: str) -> TokenCounter:
         """The shared, caching token counter for ``encoding``."""
         counter = self._counters.get(encoding)
@@ -141,8 +155,5 @@ async def compact(
         _default = Pipeline()
     pipeline = _default
     if store is not None or summarizer is not None:
-        pipeline = Pipeline(
-            stages=pipeline.stages, catalog=pipeline.catalog, store=store, summarizer=summarizer
-        )
-        pipeline._counters = _default._counters
+        pipeline = pipeline.using(store=store, summarizer=summarizer)
     return await pipeline.compact(request, model=model, policy=policy, namespace=namespace)

@@ -66,3 +66,21 @@ async def test_long_history_counts_the_same_on_a_worker_thread() -> None:
     result = await pipeline.compact({"model": "gpt-4o", "messages": messages})
     counter = pipeline.counter("o200k_base")
     assert result.report.tokens_before == counter.count_messages(messages)
+
+
+async def test_module_compact_with_io_shares_token_caches() -> None:
+    """``pipelines.compact`` with a store of its own still reuses the shared token counts."""
+
+    class Store:
+        async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+            return "ctx_" + "a" * 22
+
+        async def get(self, namespace: str, ref: str) -> bytes | None:
+            return None
+
+    request = {"model": "gpt-4o", "messages": [{"role": "user", "content": "shared cache"}]}
+    await compact(request)
+    default_counter = pipelines.pipeline._default.counter("o200k_base")  # type: ignore[union-attr]
+    hits = default_counter.hits
+    await compact(request, store=Store())
+    assert default_counter.hits == hits + 1
