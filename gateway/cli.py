@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="port to bind (default 8080)")
+    serve.add_argument("--port", type=_port, default=8080, help="port to bind (default 8080)")
     serve.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
     serve.add_argument("--log-level", default="warning", help="uvicorn log level")
     compact = commands.add_parser(
@@ -36,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
     return parser
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if not 1 <= port <= 65_535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r} (1-65535)")
+    return port
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@
     ├── RequestRejectedError    400  invalid_request_error  (pipeline refusal: payload_too_large)
     ├── PayloadTooLarge         413  invalid_request_error  request_too_large
     ├── NotFound                404  invalid_request_error  not_found
+    ├── ClientDisconnected      499  invalid_request_error  client_closed_request
     ├── UpstreamUnreachable     502  upstream_error         upstream_unreachable
+    ├── UpstreamStreamBroken    502  upstream_error         upstream_stream_error
     └── UpstreamTimeout         504  upstream_error         upstream_timeout
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
@@ -19,11 +21,13 @@ from typing import Any, ClassVar
 import orjson
 
 __all__ = [
+    "ClientDisconnected",
     "GatewayError",
     "InvalidRequest",
     "NotFound",
     "PayloadTooLarge",
     "RequestRejectedError",
+    "UpstreamStreamBroken",
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "openai_envelope",
@@ -78,10 +82,26 @@ class NotFound(GatewayError):
     default_code = "not_found"
 
 
+class ClientDisconnected(GatewayError):
+    """The client closed the connection before the answer was ready (nginx's 499)."""
+
+    status = 499
+    type = "invalid_request_error"
+    default_code = "client_closed_request"
+
+
 class UpstreamUnreachable(GatewayError):
     status = 502
     type = "upstream_error"
     default_code = "upstream_unreachable"
+
+
+class UpstreamStreamBroken(GatewayError):
+    """The upstream's stream broke off after it began (sent as a terminal error event)."""
+
+    status = 502
+    type = "upstream_error"
+    default_code = "upstream_stream_error"
 
 
 class UpstreamTimeout(GatewayError):

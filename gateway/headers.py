@@ -37,8 +37,13 @@ def policy_from_header(value: str | None, base: Policy) -> Policy:
         ) from exc
     values: dict[str, Any] = {}
     for key, member in parsed.items():
-        item = member.value if isinstance(member, Item) else member
-        values[key] = _plain(item)
+        if not isinstance(member, Item):
+            raise InvalidRequest(
+                f"{POLICY_HEADER}: policy key {key!r}: must be a single value, not a list",
+                code="invalid_policy",
+                param=f"{POLICY_HEADER}.{key}",
+            )
+        values[key] = _plain(member.value)
     try:
         return Policy.from_mapping(values, base)
     except PolicyError as exc:

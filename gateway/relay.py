@@ -1,10 +1,11 @@
 """Relaying an upstream response to the client: buffered, or streamed event by event.
 
-A stream is relayed only once the upstream has answered 2xx with ``text/event-stream``;
-any other answer is read whole and relayed with its own status, headers and body, so an
-upstream error before the first byte reaches the client as that error, never as a 200.
-Once streaming, a transport failure ends the stream with one terminal error event (and no
-``[DONE]``). When the client goes away, the upstream response is closed at once.
+A stream is relayed only once the upstream has answered 2xx with ``text/event-stream``
+*and* sent its first whole event; any other answer is read whole and relayed with its own
+status, headers and body, and a stream that fails before its first event is answered with
+the gateway's 502/504. So an upstream failure before the first byte never reaches the
+client as a 200. Once streaming, a failure ends the stream with one terminal error event
+(and no ``[DONE]``). When the client goes away, the upstream response is closed at once.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
-from gateway.errors import GatewayError, envelope_of
-from gateway.sse import error_event, sse_events
+from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
+from gateway.sse import error_event
 from gateway.upstream import relayable_response_headers
 
 __all__ = [
     "RelayStream",
     "buffered_response",
     "error_response",
+    "first_event",
     "is_event_stream",
-    "relay_events",
     "streamed_response",
 ]
 
@@ -57,30 +58,30 @@ def is_event_stream(response: httpx.Response) -> bool:
     return response.is_success and content_type.startswith("text/event-stream")
 
 
-async def relay_events(response: httpx.Response, request_id: str) -> AsyncIterator[bytes]:
-    """The upstream's events, then a terminal error event if the upstream fails mid-stream."""
+async def first_event(events: AsyncIterator[bytes]) -> bytes:
+    """The stream's first event; a stream that ends before sending one is a 502."""
+    async for event in events:
+        return event
+    raise UpstreamStreamBroken(
+        "The upstream ended the stream without sending anything.", code="upstream_empty_stream"
+    )
+
+
+async def _relay(
+    first: bytes, events: AsyncIterator[bytes], request_id: str
+) -> AsyncIterator[bytes]:
     try:
-        async for event in sse_events(response.aiter_bytes()):
+        yield first
+        async for event in events:
             yield event
-    except httpx.TimeoutException:
-        log.warning("upstream stream stalled", extra={"request_id": request_id})
-        yield error_event(
-            "The upstream stopped sending in the middle of the stream.",
-            type="upstream_error",
-            code="upstream_timeout",
-        )
-    except httpx.HTTPError as exc:
-        log.warning(
-            "upstream stream broke: %s", type(exc).__name__, extra={"request_id": request_id}
-        )
-        yield error_event(
-            "The upstream connection broke in the middle of the stream.",
-            type="upstream_error",
-            code="upstream_stream_error",
-        )
+    except GatewayError as exc:
+        log.warning("upstream stream failed: %s", exc.code, extra={"request_id": request_id})
+        yield error_event(exc.message, type=exc.type, code=exc.code)
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with anyio.CancelScope(shield=True):
+                await aclose()
 
 
 def buffered_response(
@@ -93,13 +94,18 @@ def buffered_response(
 
 
 def streamed_response(
-    response: httpx.Response, headers: dict[str, str], request_id: str
+    response: httpx.Response,
+    first: bytes,
+    events: AsyncIterator[bytes],
+    headers: dict[str, str],
+    request_id: str,
 ) -> ASGIResponse:
+    """The upstream's stream relayed: ``first``, then the rest of ``events``."""
     relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
     return RelayStream(
-        iterator=relay_events(response, request_id),
+        iterator=_relay(first, events, request_id),
         status_code=response.status_code,
         headers=relayed,  # type: ignore[arg-type]
     )

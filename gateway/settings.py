@@ -58,6 +58,8 @@ class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if not re.match(r"^https?://[^/\s]+", self.base_url):
             raise ConfigError(f"upstream.base_url must be an http(s) URL, got {self.base_url!r}")
+        if self.api_key is not None and not self.api_key.isascii():
+            raise ConfigError("upstream.api_key must be ASCII")
         for name in ("connect_timeout", "read_timeout", "write_timeout", "pool_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"upstream.{name} must be positive")

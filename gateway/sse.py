@@ -15,7 +15,9 @@ import orjson
 
 __all__ = ["error_event", "sse_events"]
 
-_EVENT_END: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# An event ends at a blank line: two line ends in a row, each of which may be CRLF, LF or
+# a lone CR (the SSE spec allows all three, mixed).
+_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -26,12 +28,18 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         pending += chunk
         start = 0
         while match := _EVENT_END.search(pending, scan_from):
+            if match.end() == len(pending) and pending.endswith(b"\r"):
+                break  # the CR may be the first half of a CRLF still on the wire
             yield bytes(pending[start : match.end()])
             start = scan_from = match.end()
         if start:
             del pending[:start]
-    if pending.strip():
-        yield bytes(pending) + b"\n\n"
+    start = 0
+    while match := _EVENT_END.search(pending, start):
+        yield bytes(pending[start : match.end()])
+        start = match.end()
+    if pending[start:].strip():
+        yield bytes(pending[start:]) + b"\n\n"
 
 
 def error_event(message: str, *, type: str, code: str) -> bytes:

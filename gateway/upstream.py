@@ -1,21 +1,24 @@
 """The OpenAI-compatible upstream over httpx: one pooled client, explicit timeouts and limits.
 
 ``Upstream.send`` returns the response as soon as its headers arrive (the body is still on
-the wire), so streams relay as they come. Transport failures are mapped here, once:
-a timeout is ``UpstreamTimeout`` (504), anything else that stops the exchange is
-``UpstreamUnreachable`` (502).
+the wire), so streams relay as they come. Transport failures are mapped here, once: a
+timeout is ``UpstreamTimeout`` (504); anything else that stops the exchange is
+``UpstreamUnreachable`` (502), or ``UpstreamStreamBroken`` once a stream has begun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Final
 
+import anyio
 import httpx
 
-from gateway.errors import UpstreamTimeout, UpstreamUnreachable
+from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import UpstreamSettings
+from gateway.sse import sse_events
 
 __all__ = ["HOP_BY_HOP", "Upstream", "relayable_response_headers", "upstream_request_headers"]
 
@@ -32,7 +35,13 @@ HOP_BY_HOP: Final = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED: Final = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "cookie"}
+_NOT_FORWARDED: Final = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "cookie",
+    "expect",
+}
 _NOT_RELAYED: Final = HOP_BY_HOP | {
     "content-length",
     "content-encoding",
@@ -61,7 +70,11 @@ def upstream_request_headers(
 
 def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
     """The upstream's response headers that make sense to relay to the client."""
-    return [(k, v) for k, v in headers.multi_items() if k.lower() not in _NOT_RELAYED]
+    return [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in _NOT_RELAYED and not name.lower().startswith("x-contextgate-")
+    ]
 
 
 class Upstream:
@@ -117,44 +130,64 @@ class Upstream:
     ) -> httpx.Response:
         """Send a request; the returned response's body is still to be read (or closed)."""
         client = next(self._turn)
+        # Header values go out as the bytes they came in as (ASGI hands them over decoded
+        # as latin-1), so a non-ASCII value passes through instead of failing to encode.
+        raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         request = client.build_request(
-            method, path, headers=headers, content=content, params=params
+            method, path, headers=raw_headers, content=content, params=params
         )
-        try:
+        with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
             return await client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(
-                f"The upstream did not answer in time ({type(exc).__name__})."
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamUnreachable(
-                f"The upstream could not be reached ({type(exc).__name__})."
-            ) from exc
 
     async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
         """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in response.aiter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if limit is not None and size >= limit:
-                    break
-        except httpx.TimeoutException as exc:
-            raise UpstreamTimeout("The upstream stopped sending its response.") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamUnreachable(
-                f"The upstream connection broke while reading its response ({type(exc).__name__})."
-            ) from exc
+            with _mapped(
+                "stopped sending its response", "broke off its response", UpstreamUnreachable
+            ):
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size >= limit:
+                        break
         finally:
             await response.aclose()
         body = b"".join(chunks)
         return body if limit is None else body[:limit]
 
+    async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The server-sent events of ``response``, each whole; the response is closed when
+        the iteration ends, however it ends."""
+        try:
+            with _mapped(
+                "stopped sending in the middle of the stream",
+                "broke the stream off",
+                UpstreamStreamBroken,
+            ):
+                async for event in sse_events(response.aiter_bytes()):
+                    yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
+
+
+@contextlib.contextmanager
+def _mapped(
+    timed_out: str, broke: str, broken: type[UpstreamUnreachable | UpstreamStreamBroken]
+) -> Iterator[None]:
+    """httpx's errors as the gateway's: a timeout is 504, any other failure ``broken``."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"The upstream {timed_out} ({type(exc).__name__}).") from exc
+    except httpx.HTTPError as exc:
+        raise broken(f"The upstream {broke} ({type(exc).__name__}).") from exc
 
 
 def _per_shard(total: int | None, shards: int) -> int | None:

@@ -32,8 +32,10 @@ class Budget:
 
     @property
     def input_tokens(self) -> int:
-        room = max(BUDGET_FLOOR, self.window - self.output_reserve)
-        return room if self.max_input is None else min(room, self.max_input)
+        room = self.window - self.output_reserve
+        if self.max_input is not None:
+            room = min(room, self.max_input)
+        return max(BUDGET_FLOOR, room)
 
     def utilisation(self, tokens: int) -> float:
         """``tokens`` as a share of the input budget."""

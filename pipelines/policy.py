@@ -19,7 +19,7 @@ Mode = Literal["summarize", "truncate", "off"]
 _MODES: Final = ("summarize", "truncate", "off")
 
 BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
-    "max_input": (1_000, 10_000_000),
+    "max_input": (4_000, 10_000_000),
     "trigger": (0.05, 1.0),
     "target": (0.05, 1.0),
     "tail_ratio": (0.0, 0.9),
@@ -90,12 +90,21 @@ class Policy:
         changes: dict[str, Any] = {}
         for key, value in values.items():
             name = key.replace("-", "_")
-            kind = _FIELD_TYPES.get(name)
+            kind = _FIELD_TYPES.get(name) if "_" not in key else None
             if kind is None:
                 known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
                 raise PolicyError(key, f"unknown key; known keys: {known}")
             changes[name] = _coerce(key, kind, value)
-        return replace(base or cls(), **changes)
+        try:
+            return replace(base or cls(), **changes)
+        except PolicyError as exc:
+            if exc.key == "target" and "target" not in values and "trigger" in values:
+                raise PolicyError(
+                    "trigger",
+                    f"must be above target ({changes.get('target', (base or cls()).target)})"
+                    f", got {changes['trigger']}",
+                ) from exc
+            raise
 
     def as_wire(self) -> dict[str, Any]:
         """The policy as wire-named keys, for reports."""

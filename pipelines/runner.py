@@ -37,14 +37,17 @@ async def run_stages(
         error: str | None = None
         try:
             result = await stage(conversation, ctx)
+            if not isinstance(result, Conversation):
+                raise TypeError(f"returned {type(result).__name__}, not a Conversation")
+            changed = result is not conversation
+            after = tokens(result) if changed else current
         except RequestRejected:
             raise
         except Exception as exc:
             log.warning("stage %s failed; request left unchanged", stage.name, exc_info=True)
-            result, error = conversation, f"{type(exc).__name__}: {exc}"
+            result, changed, after = conversation, False, current
+            error = f"{type(exc).__name__}: {exc}"
         elapsed = (perf_counter() - started) * 1000
-        changed = result is not conversation
-        after = tokens(result) if changed else current
         report.stages.append(
             StageReport(stage.name, elapsed, current, after, changed, error, ctx.details)
         )

@@ -49,7 +49,29 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
             isinstance(value, list) and all(isinstance(t, dict) for t in value)
         ):
             raise _type_error(key, "an array of objects", value)
+    _check_nesting({key: value for key, value in body.items() if key != "messages"}, None, 0)
     return body
+
+
+def _check_nesting(value: Any, param: str | None, depth: int) -> None:
+    """Refuse structures too deep to serialise again: the pipeline writes JSON back out
+    (orjson stops at 255 levels), while the parser accepts up to 1,024. ``depth`` is how
+    deep ``value`` sits in the body."""
+    wrapped = value
+    for _ in range(depth):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequest(
+            f"The request is nested too deeply (over {_MAX_NESTING} levels).",
+            code="nesting_too_deep",
+            param=param,
+        ) from exc
+
+
+_MAX_NESTING = 255
+_CONTAINERS = (dict, list)
 
 
 _OPTIONAL_STRINGS = ("name", "tool_call_id", "reasoning_content")
@@ -91,6 +113,10 @@ def _check_message(index: int, message: Any) -> None:
         value = message.get(key)
         if value is not None and type(value) is not str:
             raise _type_error(f"messages[{index}].{key}", "a string", value)
+    for value in message.values():
+        if type(value) in _CONTAINERS:
+            _check_nesting(message, f"messages[{index}]", 2)
+            break
 
 
 def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
+from gateway.client import while_connected
 from gateway.headers import report_headers
 from gateway.relay import buffered_response
 from gateway.state import Gateway, new_request_id
@@ -18,10 +20,15 @@ __all__ = ["list_models"]
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The models the caller may use (in passthrough mode: what the upstream lists)."""
+    started = perf_counter()
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
     headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
-    response = await gateway.upstream.send("GET", "models", headers=headers)
-    limit = None if response.is_success else gateway.settings.upstream.max_error_body_bytes
-    body = await gateway.upstream.read_body(response, limit)
-    return buffered_response(response, body, report_headers(request_id, None, 0.0))
+    own_ms = (perf_counter() - started) * 1000
+    upstream = gateway.upstream
+    response = await while_connected(
+        request.receive, upstream.send("GET", "models", headers=headers)
+    )
+    limit = None if response.is_success else upstream.settings.max_error_body_bytes
+    body = await while_connected(request.receive, upstream.read_body(response, limit))
+    return buffered_response(response, body, report_headers(request_id, None, own_ms))

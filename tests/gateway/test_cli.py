@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from gateway.cli import main
 from tests.harness import free_port
@@ -100,3 +101,22 @@ def test_serve_refuses_bad_config(tmp_path: Path, capsys: object) -> None:
     path.write_text("upstream:\n  base_url: nope\n")
     assert main(["serve", "--config", str(path), "--port", str(free_port())]) == 2
     assert "http(s) URL" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_serve_refuses_a_port_out_of_range(capsys: object) -> None:
+    """A port outside 1-65535 is refused before anything starts."""
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--port", "99999"])
+    assert caught.value.code == 2
+    assert "not a TCP port" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_compact_reports_nesting_too_deep(tmp_path: Path, capsys: object) -> None:
+    """A request nested too deeply is refused with its code, not a traceback."""
+    path = tmp_path / "deep.json"
+    deep = "[" * 300 + "]" * 300
+    path.write_text(
+        '{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "x": ' + deep + "}"
+    )
+    assert main(["compact", str(path)]) == 2
+    assert "nesting_too_deep" in capsys.readouterr().err  # type: ignore[attr-defined]

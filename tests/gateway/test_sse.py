@@ -39,3 +39,25 @@ async def test_crlf_terminators_are_kept() -> None:
 async def test_unterminated_tail_is_flushed_as_an_event() -> None:
     """A last event without its blank line still reaches the client, terminated."""
     assert await _collect(b"data: 1\n\ndata: 2", []) == [b"data: 1\n\n", b"data: 2\n\n"]
+
+
+line_end = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@given(
+    st.lists(
+        st.tuples(st.text("abc:{} ", min_size=1, max_size=12), line_end, line_end).filter(
+            lambda part: (part[1], part[2]) != (b"\r", b"\n")  # that is one CRLF, not two
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.integers(min_value=0, max_value=200), max_size=20),
+)
+async def test_mixed_line_endings(parts: list[tuple[str, bytes, bytes]], cuts: list[int]) -> None:
+    """Events ended by any pair of CRLF, LF and CR line ends come out whole, however the
+    bytes are cut, each as soon as its blank line is complete."""
+    events = [b"data: " + text.encode() + first + second for text, first, second in parts]
+    data = b"".join(events)
+    out = await _collect(data, [cut for cut in cuts if cut <= len(data)])
+    assert out == events

@@ -36,3 +36,4 @@ def test_floor() -> None:
         == 4_000
     )
     assert Budget(window=8_192, output_reserve=8_000).utilisation(2_000) == 0.5
+    assert Budget(window=128_000, output_reserve=0, max_input=1_000).input_tokens == 4_000

@@ -52,6 +52,9 @@ def test_from_mapping_applies_wire_names_on_a_base() -> None:
         ({"trigger": True}, "trigger", "must be a number"),
         ({"target": 0.8}, "target", "below trigger"),
         ({"summary-model": 3}, "summary-model", "string"),
+        ({"max_input": 9000}, "max_input", "unknown key"),
+        ({"max-input": 1000}, "max-input", "between 4000"),
+        ({"trigger": 0.4}, "trigger", "above target"),
     ],
 )
 def test_bad_values_name_the_key(values: dict[str, object], key: str, fragment: str) -> None:

@@ -62,6 +62,31 @@ async def test_failing_stage_is_skipped_and_counted(caplog: pytest.LogCaptureFix
     assert "stage explode failed" in caplog.text
 
 
+@dataclass(frozen=True)
+class ReturnNothing:
+    name: str = "nothing"
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        return None  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class AddBadMessage:
+    name: str = "bad"
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        return conversation.with_messages([*conversation.messages, "not a message"])  # type: ignore[list-item]
+
+
+async def test_stage_returning_garbage_is_a_failure_not_a_crash() -> None:
+    """A stage that returns something other than a conversation, or one the counter cannot
+    read, is treated like one that raised: skipped, counted, request unchanged."""
+    result = await Pipeline(stages=[ReturnNothing(), AddBadMessage()]).compact(REQUEST)
+    assert result.report.failures == ["nothing", "bad"]
+    assert not result.changed
+    assert result.request == REQUEST
+
+
 async def test_reports_tokens_and_time_per_stage() -> None:
     """Each stage's report carries its time and the tokens before and after it; totals
     match the first and last stage."""

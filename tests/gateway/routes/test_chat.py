@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -411,7 +412,22 @@ def test_many_concurrent_streams_are_not_capped(
     assert upstream.max_in_flight == count
 
 
+DEEP = b"[" * 300 + b"]" * 300
+
 BAD_BODIES = [
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "x", "d": '
+        + DEEP
+        + b"}]}]}",
+        "nesting_too_deep",
+        "messages[0]",
+    ),
+    (
+        b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "tools": ['
+        b'{"type": "function", "f": ' + DEEP + b"}]}",
+        "nesting_too_deep",
+        None,
+    ),
     (b"{not json", "invalid_json", None),
     (b"", "invalid_json", None),
     (b"[1, 2, 3]", "invalid_body", None),
@@ -541,6 +557,7 @@ def test_bad_policy_header_is_400(gateway: GatewayServer, upstream: MockUpstream
         "trigger=7.5": "x-contextgate-policy.trigger",
         "keep-images=lots": "x-contextgate-policy.keep-images",
         "this is not a dictionary": "x-contextgate-policy",
+        "trigger=(1 2)": "x-contextgate-policy.trigger",
     }
     for header, param in cases.items():
         response = httpx.post(
@@ -587,5 +604,79 @@ def test_client_leaving_before_first_byte_frees_upstream(
         )
     left_at = time.monotonic()
     assert_upstream_closed_soon(upstream, left_at)
+    with sync_client(gateway.base_url) as client:
+        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+
+
+def test_non_ascii_header_is_forwarded_byte_for_byte(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A header value with non-ASCII bytes (an app title, say) reaches the upstream as sent
+    instead of failing the request."""
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": MESSAGES},
+        headers=[(b"x-title", "Café ☕".encode()), (b"authorization", b"Bearer sk-\xe9")],
+    )
+    assert response.status_code == 200
+    received = upstream.received[0].headers
+    assert received["x-title"].encode("latin-1") == "Café ☕".encode()
+    assert received["authorization"].encode("latin-1") == b"Bearer sk-\xe9"
+    assert "expect" not in received
+
+
+def test_upstream_cannot_spoof_gateway_headers(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """x-contextgate-* headers sent by the upstream are dropped; the client sees only the
+    gateway's own."""
+    upstream.push(
+        JSONReply(
+            chat_completion(),
+            headers={"x-contextgate-request-id": "spoofed", "x-contextgate-actions": "summarize"},
+        )
+    )
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES}
+    )
+    assert response.headers.get_list("x-contextgate-request-id") != ["spoofed"]
+    assert len(response.headers.get_list("x-contextgate-request-id")) == 1
+    assert response.headers["x-contextgate-actions"] == ""
+
+
+@pytest.mark.parametrize(
+    ("ending", "code"), [("drop", "upstream_stream_error"), ("end", "upstream_empty_stream")]
+)
+def test_stream_failing_before_first_event_is_502(
+    gateway: GatewayServer, upstream: MockUpstream, ending: str, code: str
+) -> None:
+    """An upstream that answers 200 event-stream and then fails (or ends) before its first
+    event gets the client a 502, not a 200 stream."""
+    upstream.push(SSEReply([], ending=ending))  # type: ignore[arg-type]
+    with sync_client(gateway.base_url) as client, pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES, stream=True)
+    assert caught.value.status_code == 502
+    assert caught.value.code == code
+
+
+def test_client_leaving_mid_body_is_quiet(
+    gateway: GatewayServer, upstream: MockUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that hangs up halfway through sending its body is no error of the
+    gateway's: nothing is logged as one, nothing goes upstream, and it keeps serving."""
+    import socket
+
+    with (
+        caplog.at_level(logging.ERROR),
+        socket.create_connection(("127.0.0.1", gateway.port)) as sock,
+    ):
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n{"model": '
+        )
+        time.sleep(0.2)
+    time.sleep(0.3)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert upstream.received == []
     with sync_client(gateway.base_url) as client:
         assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices

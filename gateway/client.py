@@ -1,4 +1,4 @@
-"""Stopping upstream work when the client has gone away.
+"""The client's side of the exchange: reading its body, and noticing when it has gone.
 
 Once a request's body is read, the ASGI ``receive`` channel has nothing more to say until
 the client disconnects. ``while_connected`` awaits the upstream exchange and that channel
@@ -15,19 +15,36 @@ from typing import TypeVar
 
 from litestar.types import Receive
 
-from gateway.errors import GatewayError
+from gateway.errors import ClientDisconnected, PayloadTooLarge
 
-__all__ = ["ClientDisconnected", "while_connected"]
+__all__ = ["read_body", "while_connected"]
 
 T = TypeVar("T")
 
 
-class ClientDisconnected(GatewayError):
-    """The client closed the connection before the answer was ready (nginx's 499)."""
+async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+    """The whole request body, refused with 413 as soon as it is known to exceed ``limit``
+    bytes (from ``Content-Length``, or while it streams in), and 499 if the client leaves
+    before sending all of it."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        raise PayloadTooLarge(_too_large(limit))
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("The client closed the connection while sending its body.")
+        chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(_too_large(limit))
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
-    status = 499
-    type = "invalid_request_error"
-    default_code = "client_closed_request"
+
+def _too_large(limit: int) -> str:
+    return f"The request body is larger than this gateway accepts ({limit:,} bytes)."
 
 
 async def _disconnected(receive: Receive) -> None:
