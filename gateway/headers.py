@@ -37,9 +37,10 @@ def policy_from_header(value: str | None, base: Policy) -> Policy:
         ) from exc
     values: dict[str, Any] = {}
     for key, member in parsed.items():
-        if not isinstance(member, Item):
+        if not isinstance(member, Item) or member.params:
             raise InvalidRequest(
-                f"{POLICY_HEADER}: policy key {key!r}: must be a single value, not a list",
+                f"{POLICY_HEADER}: policy key {key!r}: must be a single value,"
+                " without a list or parameters",
                 code="invalid_policy",
                 param=f"{POLICY_HEADER}.{key}",
             )

@@ -1,0 +1,74 @@
+"""Reading the client's body and noticing when it leaves, over a scripted ASGI channel."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.client import read_body, while_connected
+from gateway.errors import ClientDisconnected, PayloadTooLarge
+
+
+def channel(*messages: dict[str, Any], then_wait: bool = True) -> Any:
+    """An ASGI receive callable that hands out ``messages``, then blocks (or disconnects)."""
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        if queue:
+            return queue.pop(0)
+        if then_wait:
+            await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def test_body_in_chunks_is_joined() -> None:
+    """A body sent in several ASGI messages comes back whole."""
+    receive = channel(
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd"},
+    )
+    assert await read_body(receive, None, 10) == b"abcd"
+
+
+async def test_body_over_limit_is_refused_early() -> None:
+    """A Content-Length over the limit is refused before reading; so is a streamed body
+    once it passes the limit."""
+    with pytest.raises(PayloadTooLarge):
+        await read_body(channel(), "11", 10)
+    streamed = channel(
+        {"type": "http.request", "body": b"x" * 8, "more_body": True},
+        {"type": "http.request", "body": b"x" * 8, "more_body": True},
+    )
+    with pytest.raises(PayloadTooLarge):
+        await read_body(streamed, None, 10)
+
+
+async def test_disconnect_mid_body_is_499() -> None:
+    """A client gone before its body is complete is ClientDisconnected."""
+    receive = channel(
+        {"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}
+    )
+    with pytest.raises(ClientDisconnected):
+        await read_body(receive, None, 10)
+
+
+async def test_work_is_cancelled_when_the_client_leaves() -> None:
+    """Work still running when the disconnect arrives is cancelled, and the caller told."""
+    cancelled = asyncio.Event()
+
+    async def slow() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "done"
+
+    with pytest.raises(ClientDisconnected):
+        await while_connected(channel(then_wait=False), slow())
+    assert cancelled.is_set()
+    assert await while_connected(channel(), asyncio.sleep(0, "fast")) == "fast"
