@@ -3,6 +3,9 @@
 ``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
 parameterise a stage, never reorder it. Stages that are not built yet are ``PassThrough``
 placeholders under their final names, so reports and headers already speak of all ten.
+``guard_outbound`` stays a placeholder until compression exists: refusing over-budget
+requests before the gateway can shrink them would turn requests the provider accepts into
+errors.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from typing import Final
 
 from pipelines.conversation import Conversation
 from pipelines.stage import Stage, StageContext
+from pipelines.stages.guard_inbound import GuardInbound
+from pipelines.stages.normalize import Normalize
+from pipelines.stages.thinking import Thinking
 
 __all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "PassThrough"]
 
@@ -27,14 +33,14 @@ class PassThrough:
 
 
 DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
-    PassThrough("guard_inbound"),
-    PassThrough("thinking"),
+    GuardInbound(),
+    Thinking(),
     PassThrough("media"),
     PassThrough("filter"),
     PassThrough("ttl_prune"),
     PassThrough("compress"),
     PassThrough("summarize"),
-    PassThrough("normalize"),
+    Normalize(),
     PassThrough("cache_markers"),
     PassThrough("guard_outbound"),
 )

@@ -680,3 +680,47 @@ def test_client_leaving_mid_body_is_quiet(
     assert upstream.received == []
     with sync_client(gateway.base_url) as client:
         assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+
+
+def test_oversized_new_turn_is_refused_before_upstream(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A new user turn over block-tokens is a 400 payload_too_large naming the numbers,
+    and nothing reaches the upstream."""
+    with sync_client(gateway.base_url) as client, pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": "word " * 3000}],
+            extra_headers={"x-contextgate-policy": "block-tokens=1000"},
+        )
+    assert caught.value.code == "payload_too_large"
+    assert "1,000" in caught.value.message
+    assert upstream.received == []
+
+
+def test_actions_header_names_the_stages_that_acted(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A request the pipeline changes is forwarded changed, and the actions header says
+    which stages did it."""
+    messages = [
+        {"role": "user", "content": "look it up"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "thinking...",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "user", "content": "never mind"},
+    ]
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": "gpt-4o", "messages": messages}
+    )
+    assert response.status_code == 200
+    assert response.headers["x-contextgate-actions"] == "thinking, normalize"
+    forwarded = upstream.received[0].json()["messages"]
+    assert "reasoning_content" not in forwarded[1]
+    assert forwarded[2]["role"] == "tool"
+    assert forwarded[3] == messages[2]

@@ -1,0 +1,91 @@
+"""Stage 1: reasoning cleanup, by the model's thinking style in the catalog.
+
+- ``anthropic``: ``reasoning_content`` (an OpenAI-compatible field Claude does not take) is
+  dropped; ``thinking`` and ``redacted_thinking`` blocks are kept, signatures and all, on
+  the assistant messages of the current turn (after the last user message, where the API
+  needs them during tool use) and dropped from older turns.
+- ``reasoning_echo`` (DeepSeek, Kimi, MiMo): ``reasoning_content`` is dropped from assistant
+  messages before the last user message, except on those with ``tool_calls``, which the
+  APIs reject without it; an assistant tool-call message lacking it gets a short non-empty
+  placeholder (an empty string is refused by some routes). Thinking blocks are dropped.
+- anything else: both are dropped.
+
+Each rewrite depends only on the message and on which side of the last user message it
+is, so a message is rewritten the same way on every request until a new user message
+arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from pipelines.conversation import Conversation
+from pipelines.messages import Message
+from pipelines.stage import StageContext
+
+__all__ = ["REASONING_PLACEHOLDER", "Thinking"]
+
+REASONING_PLACEHOLDER: Final = "(reasoning not retained)"
+_THINKING_PARTS: Final = frozenset({"thinking", "redacted_thinking"})
+
+
+@dataclass(frozen=True, slots=True)
+class Thinking:
+    name: str = "thinking"
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        style = ctx.model.thinking
+        messages = conversation.messages
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+        rewritten: list[Message] = []
+        reasoning_dropped = blocks_dropped = backfilled = 0
+        for index, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                rewritten.append(message)
+                continue
+            current_turn = index > last_user
+            new = message
+            has_reasoning = "reasoning_content" in message
+            keep_reasoning = style == "reasoning_echo" and (
+                current_turn or bool(message.get("tool_calls"))
+            )
+            if has_reasoning and not keep_reasoning:
+                new = {k: v for k, v in new.items() if k != "reasoning_content"}
+                reasoning_dropped += 1
+            if not (style == "anthropic" and current_turn):
+                stripped = _without_thinking_blocks(new)
+                if stripped is not new:
+                    new, blocks_dropped = stripped, blocks_dropped + 1
+            if (
+                style == "reasoning_echo"
+                and new.get("tool_calls")
+                and not (isinstance(new.get("reasoning_content"), str) and new["reasoning_content"])
+            ):
+                new = {**new, "reasoning_content": REASONING_PLACEHOLDER}
+                backfilled += 1
+            rewritten.append(new)
+        if not (reasoning_dropped or blocks_dropped or backfilled):
+            return conversation
+        ctx.record(
+            reasoning_dropped=reasoning_dropped,
+            thinking_blocks_dropped=blocks_dropped,
+            reasoning_backfilled=backfilled,
+        )
+        return conversation.with_messages(rewritten)
+
+
+def _without_thinking_blocks(message: Message) -> Message:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    kept = [
+        part
+        for part in content
+        if not (isinstance(part, dict) and part.get("type") in _THINKING_PARTS)
+    ]
+    if len(kept) == len(content):
+        return message
+    if not kept:
+        return {**message, "content": None if message.get("tool_calls") else ""}
+    return {**message, "content": kept}

@@ -1,0 +1,107 @@
+"""thinking: reasoning cleanup per family, from the model catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.stages.thinking import REASONING_PLACEHOLDER, Thinking
+from tests.pipelines.stages.conftest import run_stage
+
+CALL = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]
+THINK = {"type": "thinking", "thinking": "let me think", "signature": "sig-abc"}
+REDACTED = {"type": "redacted_thinking", "data": "opaque"}
+
+
+def conversation() -> list[dict[str, Any]]:
+    """Two turns; each assistant message carries reasoning both ways."""
+    return [
+        {"role": "system", "content": "Be helpful."},
+        {"role": "user", "content": "First question"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": CALL,
+            "reasoning_content": "old call reasoning",
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "result"},
+        {
+            "role": "assistant",
+            "content": [THINK, {"type": "text", "text": "Old answer"}],
+            "reasoning_content": "old answer reasoning",
+        },
+        {"role": "user", "content": "Second question"},
+        {
+            "role": "assistant",
+            "content": [REDACTED, THINK, {"type": "text", "text": "Checking"}],
+            "tool_calls": CALL,
+            "reasoning_content": "new reasoning",
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "result 2"},
+    ]
+
+
+async def test_anthropic_keeps_current_turn_blocks_only() -> None:
+    """Claude: reasoning_content goes everywhere; thinking blocks stay, signatures intact,
+    only on the current turn's assistant messages."""
+    out = (await run_stage(Thinking(), conversation(), model="claude-sonnet-4-5")).request
+    messages = out["messages"]
+    assert all("reasoning_content" not in m for m in messages)
+    assert messages[4]["content"] == [{"type": "text", "text": "Old answer"}]
+    assert messages[6]["content"] == [REDACTED, THINK, {"type": "text", "text": "Checking"}]
+
+
+async def test_deepseek_keeps_tool_call_reasoning() -> None:
+    """DeepSeek: a historical tool-call turn keeps its reasoning_content (the API needs it);
+    a historical plain answer loses it; the current turn keeps it; blocks are dropped."""
+    out = (await run_stage(Thinking(), conversation(), model="deepseek-reasoner")).request
+    messages = out["messages"]
+    assert messages[2]["reasoning_content"] == "old call reasoning"
+    assert "reasoning_content" not in messages[4]
+    assert messages[4]["content"] == [{"type": "text", "text": "Old answer"}]
+    assert messages[6]["reasoning_content"] == "new reasoning"
+    assert messages[6]["content"] == [{"type": "text", "text": "Checking"}]
+
+
+async def test_echo_families_backfill_missing_reasoning_on_tool_calls() -> None:
+    """Kimi/MiMo/DeepSeek: an assistant tool-call message without reasoning (or with an empty
+    one) gets a non-empty placeholder; other messages get none."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": CALL},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": "done", "tool_calls": CALL, "reasoning_content": ""},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": "final"},
+    ]
+    for model in ("kimi-k2-thinking", "mimo-v2-flash", "deepseek-chat"):
+        result = await run_stage(Thinking(), messages, model=model)
+        out = result.request["messages"]
+        assert out[1]["reasoning_content"] == REASONING_PLACEHOLDER
+        assert out[3]["reasoning_content"] == REASONING_PLACEHOLDER
+        assert "reasoning_content" not in out[5]
+        assert result.report.stages[0].details["reasoning_backfilled"] == 2
+
+
+async def test_other_families_drop_both() -> None:
+    """OpenAI and unknown models: no reasoning_content and no thinking blocks go out; a
+    message left with no content keeps a valid empty one."""
+    messages = conversation()
+    messages[4]["content"] = [THINK]
+    for model in ("gpt-4o", "some-local-model"):
+        out = (await run_stage(Thinking(), messages, model=model)).request["messages"]
+        assert all("reasoning_content" not in m for m in out)
+        assert out[4]["content"] == ""
+        assert out[6]["content"] == [{"type": "text", "text": "Checking"}]
+
+
+async def test_clean_conversation_passes_through_untouched() -> None:
+    """With nothing to clean, the request is not changed."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert not (await run_stage(Thinking(), messages, model="claude-sonnet-4-5")).changed
+
+
+async def test_same_request_gives_same_bytes() -> None:
+    """Cleaning is deterministic: the same request twice gives identical output."""
+    first = await run_stage(Thinking(), conversation(), model="deepseek-reasoner")
+    second = await run_stage(Thinking(), conversation(), model="deepseek-reasoner")
+    assert first.request == second.request
