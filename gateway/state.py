@@ -10,6 +10,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from gateway.settings import Settings
+from gateway.store import MemoryStore
 from gateway.upstream import Upstream
 from pipelines import ModelCatalog, Pipeline, Policy
 
@@ -42,7 +43,7 @@ class Gateway:
             )
         return cls(
             settings=settings,
-            pipeline=Pipeline(catalog=catalog),
+            pipeline=Pipeline(catalog=catalog, store=MemoryStore()),
             upstream=Upstream(settings.upstream, transport=transport),
             default_policy=settings.default_policy(),
             redis=redis,

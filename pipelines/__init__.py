@@ -8,7 +8,7 @@ result.report    # what every stage did, tokens before and after
 from pipelines.budget import Budget
 from pipelines.catalog import ModelCatalog, ModelInfo
 from pipelines.conversation import Conversation
-from pipelines.errors import PipelineError, PolicyError, RequestRejected
+from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreError
 from pipelines.pipeline import CompactResult, Pipeline, compact
 from pipelines.policy import Policy
 from pipelines.report import Report, StageReport
@@ -34,6 +34,7 @@ __all__ = [
     "Stage",
     "StageContext",
     "StageReport",
+    "StoreError",
     "Summarizer",
     "TokenCounter",
     "compact",

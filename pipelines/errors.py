@@ -2,7 +2,9 @@
 
     PipelineError
     ├── PolicyError       a policy key is unknown, of the wrong type or out of its bounds
-    └── RequestRejected   the request cannot be sent as it is (``code`` says why)
+    ├── RequestRejected   the request cannot be sent as it is (``code`` says why)
+    └── StoreError        the offload store could not keep an object (stages then keep
+                          the content in place)
 
 A stage that fails for any other reason never surfaces here: the runner counts the failure
 and carries on with the request as it was (fail-open). ``RequestRejected`` is the one
@@ -11,7 +13,7 @@ exception a stage raises on purpose, and the runner lets it through.
 
 from __future__ import annotations
 
-__all__ = ["PipelineError", "PolicyError", "RequestRejected"]
+__all__ = ["PipelineError", "PolicyError", "RequestRejected", "StoreError"]
 
 
 class PipelineError(Exception):
@@ -34,3 +36,7 @@ class RequestRejected(PipelineError):
         super().__init__(message)
         self.code = code
         self.param = param
+
+
+class StoreError(PipelineError):
+    """The offload store did not acknowledge a write (down, full, or the object too big)."""

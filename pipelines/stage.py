@@ -29,7 +29,9 @@ class OffloadStore(Protocol):
     """Where removed content goes so that it can be restored by ref."""
 
     async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
-        """Store ``content``; return its ref once the write is acknowledged."""
+        """Store ``content`` for ``ttl`` seconds; return its ref once the write is
+        acknowledged, or raise ``StoreError``. The same content in the same namespace
+        always gets the same ref."""
         ...
 
     async def get(self, namespace: str, ref: str) -> bytes | None:

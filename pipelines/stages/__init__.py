@@ -16,6 +16,7 @@ from typing import Final
 from pipelines.conversation import Conversation
 from pipelines.stage import Stage, StageContext
 from pipelines.stages.guard_inbound import GuardInbound
+from pipelines.stages.media import Media
 from pipelines.stages.normalize import Normalize
 from pipelines.stages.thinking import Thinking
 
@@ -35,7 +36,7 @@ class PassThrough:
 DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     GuardInbound(),
     Thinking(),
-    PassThrough("media"),
+    Media(),
     PassThrough("filter"),
     PassThrough("ttl_prune"),
     PassThrough("compress"),

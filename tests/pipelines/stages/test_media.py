@@ -1,0 +1,88 @@
+"""media: media parts only in the last keep-images media-bearing messages; the rest
+offloaded first and restorable byte for byte."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from gateway.store import MemoryStore
+from pipelines import Pipeline, Policy, StoreError
+from pipelines.stages.media import Media
+
+
+def shot(n: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{'A' * 400}{n}"}}
+
+
+def session() -> list[dict[str, Any]]:
+    """A computer-use style session: screenshots in user and tool messages."""
+    call = {"id": "c1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+    return [
+        {"role": "system", "content": "You operate a browser."},
+        {"role": "user", "content": [{"type": "text", "text": "Open the page"}, shot(1)]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [shot(2)]},
+        {"role": "assistant", "content": "Opened."},
+        {"role": "user", "content": [{"type": "text", "text": "Now this one"}, shot(3)]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [shot(4)]},
+    ]
+
+
+async def compact(messages: list[dict[str, Any]], store: Any, **policy: Any) -> Any:
+    return await Pipeline(stages=[Media()], store=store).compact(
+        {"model": "gpt-4o", "messages": messages}, policy=Policy(**policy)
+    )
+
+
+async def test_older_media_offloaded_newest_kept() -> None:
+    """With keep-images=2 the two newest media-bearing messages keep their images; older
+    ones get a placeholder whose ref restores the exact original part; tokens drop."""
+    store = MemoryStore()
+    result = await compact(session(), store)
+    out = result.request["messages"]
+    assert out[5]["content"][1] == shot(3)
+    assert out[7]["content"] == [shot(4)]
+    for index, original in ((1, shot(1)), (3, shot(2))):
+        placeholder = next(p for p in out[index]["content"] if "removed" in p.get("text", ""))
+        ref = re.search(r"ctx_[A-Za-z0-9_-]{22,}", placeholder["text"]).group()  # type: ignore[union-attr]
+        assert orjson.loads(await store.get("", ref)) == original  # type: ignore[arg-type]
+    assert out[1]["content"][0] == {"type": "text", "text": "Open the page"}
+    report = result.report
+    assert report.tokens_after < report.tokens_before - 1_000
+    assert report.stages[0].details["parts_offloaded"] == 2
+
+
+async def test_same_conversation_gives_same_bytes() -> None:
+    """The rewrite is deterministic: the same request twice gives identical output."""
+    store = MemoryStore()
+    first = await compact(session(), store)
+    second = await compact(session(), store)
+    assert orjson.dumps(first.request) == orjson.dumps(second.request)
+
+
+async def test_keep_images_is_tunable() -> None:
+    """keep-images=0 removes every media part; a large value keeps them all."""
+    store = MemoryStore()
+    none_kept = (await compact(session(), store, keep_images=0)).request["messages"]
+    assert all("image_url" not in orjson.dumps(m).decode() for m in none_kept)
+    assert not (await compact(session(), store, keep_images=10)).changed
+
+
+async def test_nothing_removed_without_a_store_or_when_it_fails() -> None:
+    """Without a store, or with one that does not acknowledge writes, media stays."""
+
+    class Failing:
+        async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+            raise StoreError("down")
+
+        async def get(self, namespace: str, ref: str) -> bytes | None:
+            return None
+
+    assert not (await compact(session(), None)).changed
+    failing = await compact(session(), Failing())
+    assert not failing.changed
+    assert failing.report.stages[0].details["store_failures"] == 2
