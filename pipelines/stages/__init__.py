@@ -15,6 +15,7 @@ from typing import Final
 
 from pipelines.conversation import Conversation
 from pipelines.stage import Stage, StageContext
+from pipelines.stages.filter import Filter
 from pipelines.stages.guard_inbound import GuardInbound
 from pipelines.stages.media import Media
 from pipelines.stages.normalize import Normalize
@@ -37,7 +38,7 @@ DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     GuardInbound(),
     Thinking(),
     Media(),
-    PassThrough("filter"),
+    Filter(),
     PassThrough("ttl_prune"),
     PassThrough("compress"),
     PassThrough("summarize"),

@@ -1,0 +1,97 @@
+"""Stage 3: tool outputs over ``filter-tokens`` offloaded whole, behind a preview.
+
+One oversized tool result (a database dump, a build log, a page of HTML) can take most of
+a window on its own. Each tool message whose output is over the limit is written to the
+store first; once the write is acknowledged its content becomes a header naming the ref
+and sizes, followed by a structural preview (``pipelines.preview``). The message keeps its
+role, ``tool_call_id`` and name, so the call/result pairing is untouched. Without a store,
+or when a write fails, the output stays as it is. This is hygiene: it applies to every
+message, the protected tail included, at any utilisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pipelines.conversation import Conversation
+from pipelines.errors import StoreError
+from pipelines.messages import Message
+from pipelines.preview import preview
+from pipelines.stage import StageContext
+
+__all__ = ["Filter"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    name: str = "filter"
+    preview_chars: int = 3_000
+    """Largest preview, in characters (about 750 tokens)."""
+
+    def __post_init__(self) -> None:
+        if self.preview_chars < 200:
+            raise ValueError("preview_chars must be at least 200")
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        limit = ctx.policy.filter_tokens
+        rewritten = list(conversation.messages)
+        refs: list[str] = []
+        kept_without_store = 0
+        for index, message in enumerate(conversation.messages):
+            text = _output_text(message)
+            # A token is at least one UTF-8 byte and a character at most four.
+            if text is None or len(text) * 4 <= limit:
+                continue
+            tokens = ctx.counter.count_message(message)
+            if tokens <= limit:
+                continue
+            if ctx.store is None:
+                kept_without_store += 1
+                continue
+            try:
+                ref = await ctx.store.put(
+                    ctx.namespace, _original_bytes(message), ttl=ctx.policy.offload_ttl
+                )
+            except StoreError:
+                kept_without_store += 1
+                continue
+            refs.append(ref)
+            budget = min(self.preview_chars, limit * 2)
+            rewritten[index] = {**message, "content": _replacement(text, tokens, ref, budget)}
+        ctx.record(outputs_offloaded=len(refs), refs=refs, kept_without_store=kept_without_store)
+        if not refs:
+            return conversation
+        return conversation.with_messages(rewritten)
+
+
+def _output_text(message: Message) -> str | None:
+    """The text of a tool message, or None for other messages and non-text results."""
+    if message.get("role") != "tool":
+        return None
+    content: Any = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "\n".join(p["text"] for p in content)
+    return None
+
+
+def _original_bytes(message: Message) -> bytes:
+    content = message["content"]
+    return content.encode() if isinstance(content, str) else orjson.dumps(content)
+
+
+def _replacement(text: str, tokens: int, ref: str, budget: int) -> str:
+    lines = text.count("\n") + 1
+    header = (
+        f"[Tool output offloaded: {tokens:,} tokens, {lines:,} lines, {len(text):,} characters,"
+        f" stored as {ref}. A preview follows; the full output can be restored. Do not guess"
+        " at what the preview leaves out.]"
+    )
+    return header + "\n" + preview(text, budget)

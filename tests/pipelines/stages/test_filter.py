@@ -1,0 +1,113 @@
+"""filter: oversized tool outputs offloaded whole, behind a deterministic preview."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gateway.store import MemoryStore
+from pipelines import Pipeline, Policy, StoreError
+from pipelines.stages.filter import Filter
+
+TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
+REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+
+
+def with_output(output: str) -> list[dict[str, Any]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    return [
+        {"role": "user", "content": "Find flights"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "name": "search", "content": output},
+    ]
+
+
+async def compact(messages: list[dict[str, Any]], store: Any, **policy: Any) -> Any:
+    return await Pipeline(stages=[Filter()], store=store).compact(
+        {"model": "gpt-4o", "messages": messages}, policy=Policy(**policy)
+    )
+
+
+BIG_JSON = json.dumps(
+    [
+        {
+            "flight": f"HAT{i:03d}",
+            "origin": "JFK",
+            "destination": "SFO",
+            "price": 100 + i,
+            "seats": {"economy": i % 9},
+        }
+        for i in range(2_000)
+    ]
+)
+
+
+async def test_big_output_is_offloaded_behind_a_preview() -> None:
+    """A tool output over the limit becomes a header with its ref plus a preview; the ref
+    restores the exact original; the call/result pairing is untouched; tokens drop."""
+    store = MemoryStore()
+    result = await compact(with_output(BIG_JSON), store)
+    out = result.request["messages"][2]
+    assert out["tool_call_id"] == "c1"
+    assert out["name"] == "search"
+    assert out["content"].startswith("[Tool output offloaded: ")
+    assert "showing " in out["content"]
+    assert "of 2000 items" in out["content"]
+    ref = REF.search(out["content"]).group()  # type: ignore[union-attr]
+    assert await store.get("", ref) == BIG_JSON.encode()
+    assert result.report.tokens_after < result.report.tokens_before / 20
+    assert result.report.stages[0].details["refs"] == [ref]
+
+
+async def test_same_output_same_preview_bytes() -> None:
+    """The same output always gives the same replacement, byte for byte."""
+    store = MemoryStore()
+    first = await compact(with_output(BIG_JSON), store)
+    second = await compact(with_output(BIG_JSON), store)
+    assert first.request == second.request
+
+
+async def test_small_outputs_and_other_messages_untouched() -> None:
+    """Outputs at or under the limit, and long user or assistant text, are left alone."""
+    store = MemoryStore()
+    assert not (await compact(with_output("short result"), store)).changed
+    long_user = [{"role": "user", "content": "word " * 20_000}]
+    assert not (await compact(long_user, store)).changed
+
+
+async def test_output_kept_when_it_cannot_be_stored() -> None:
+    """Without a store, or with a failing one, the output stays whole."""
+
+    class Failing:
+        async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+            raise StoreError("down")
+
+        async def get(self, namespace: str, ref: str) -> bytes | None:
+            return None
+
+    for store in (None, Failing()):
+        result = await compact(with_output(BIG_JSON), store)
+        assert not result.changed
+        assert result.report.stages[0].details["kept_without_store"] == 1
+
+
+async def test_real_traces_with_a_low_limit() -> None:
+    """On the tau-bench traces with filter-tokens=300, every tool output over the limit is
+    replaced, every replacement's ref restores its original, and nothing else changes."""
+    store = MemoryStore()
+    trajectories = json.loads(TRACES.read_text())
+    replaced = 0
+    for trajectory in trajectories[:40]:
+        messages = trajectory["traj"]
+        result = await compact(messages, store, filter_tokens=300)
+        for before, after in zip(messages, result.request["messages"], strict=True):
+            if before == after:
+                continue
+            assert before["role"] == "tool"
+            assert after["tool_call_id"] == before["tool_call_id"]
+            ref = REF.search(after["content"]).group()  # type: ignore[union-attr]
+            assert await store.get("", ref) == before["content"].encode()
+            replaced += 1
+    assert replaced > 20
