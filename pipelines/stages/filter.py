@@ -41,6 +41,8 @@ class Filter:
         refs: list[str] = []
         kept_without_store = 0
         for index, message in enumerate(conversation.messages):
+            if message.get("role") != "tool":
+                continue
             text = _output_text(message)
             # A token is at least one UTF-8 byte and a character at most four.
             if text is None or len(text) * 4 <= limit:

@@ -51,7 +51,11 @@ class Media:
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = conversation.messages
-        bearing = [i for i, message in enumerate(messages) if _media_count(message)]
+        bearing = [
+            i
+            for i, message in enumerate(messages)
+            if type(message.get("content")) is list and _media_count(message)
+        ]
         keep = ctx.policy.keep_images
         older = bearing[: max(0, len(bearing) - keep)]
         if not older:

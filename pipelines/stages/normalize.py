@@ -16,6 +16,7 @@ Valid conversations pass through as the very same object.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Final
 
 from pipelines.conversation import Conversation
@@ -33,6 +34,8 @@ class Normalize:
     name: str = "normalize"
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        if _valid(conversation.messages):
+            return conversation
         messages = list(conversation.messages)
         out: list[Message] = []
         synthetic = orphans = 0
@@ -79,6 +82,31 @@ class Normalize:
         return conversation.with_messages(out)
 
 
+def _valid(messages: tuple[Message, ...]) -> bool:
+    """The common case, checked without building anything: already valid."""
+    if _needs_opening(messages):
+        return False
+    pending: set[Any] = set()
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in pending:
+                return False
+            pending.discard(call_id)
+            continue
+        if pending:
+            return False
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            if calls:
+                ids = [c.get("id") if isinstance(c, dict) else None for c in calls]
+                pending = set(ids)
+                if len(pending) != len(ids):
+                    return False
+    return not pending
+
+
 def _orphan(result: Message) -> Message:
     """A tool result with no call to answer, as a user message that keeps its content."""
     label = f"[Result of an earlier tool call {result.get('tool_call_id') or '(no id)'}"
@@ -92,7 +120,7 @@ def _orphan(result: Message) -> Message:
     return {"role": "user", "content": f"{label}\n{text}"}
 
 
-def _needs_opening(messages: list[Message]) -> bool:
+def _needs_opening(messages: Sequence[Message]) -> bool:
     for message in messages:
         role = message.get("role")
         if role in ("system", "developer"):

@@ -37,6 +37,8 @@ class Thinking:
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         style = ctx.model.thinking
         messages = conversation.messages
+        if not any(_may_change(message, style) for message in messages):
+            return conversation
         last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
         rewritten: list[Message] = []
         reasoning_dropped = blocks_dropped = backfilled = 0
@@ -73,6 +75,17 @@ class Thinking:
             reasoning_backfilled=backfilled,
         )
         return conversation.with_messages(rewritten)
+
+
+def _may_change(message: Message, style: str) -> bool:
+    """A cheap first look: could this message need any rewrite at all?"""
+    if message.get("role") != "assistant":
+        return False
+    return (
+        "reasoning_content" in message
+        or type(message.get("content")) is list
+        or (style == "reasoning_echo" and bool(message.get("tool_calls")))
+    )
 
 
 def _without_thinking_blocks(message: Message) -> Message:
