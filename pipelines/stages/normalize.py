@@ -15,8 +15,8 @@ Valid conversations pass through as the very same object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pipelines.conversation import Conversation
