@@ -44,8 +44,9 @@ class Filter:
             if message.get("role") != "tool":
                 continue
             text = _output_text(message)
-            # A token is at least one UTF-8 byte and a character at most four.
-            if text is None or len(text) * 4 <= limit:
+            # A token is at least one UTF-8 byte: an output of no more bytes than the limit
+            # cannot be over it, and is not tokenized at all.
+            if text is None or _utf8_size(text) <= limit:
                 continue
             tokens = ctx.counter.count_message(message)
             if tokens <= limit:
@@ -82,6 +83,10 @@ def _output_text(message: Message) -> str | None:
     ):
         return "\n".join(p["text"] for p in content)
     return None
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _original_bytes(message: Message) -> bytes:
