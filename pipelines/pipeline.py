@@ -117,6 +117,7 @@ class Pipeline:
             budget=budget,
             counter=counter,
             clock=self.clock,
+            tokens=tokens,
             namespace=namespace,
             store=self.store,
             summarizer=self.summarizer,

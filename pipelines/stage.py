@@ -65,6 +65,8 @@ class StageContext:
     budget: Budget
     counter: TokenCounter
     clock: Clock
+    tokens: Callable[[Conversation], int]
+    """Tokens of a conversation of this request (messages seen before are not recounted)."""
     namespace: str = ""
     """Tenant namespace for offloaded objects."""
     store: OffloadStore | None = None

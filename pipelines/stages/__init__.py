@@ -3,9 +3,6 @@
 ``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
 parameterise a stage, never reorder it. Stages that are not built yet are ``PassThrough``
 placeholders under their final names, so reports and headers already speak of all ten.
-``guard_outbound`` stays a placeholder until compression exists: refusing over-budget
-requests before the gateway can shrink them would turn requests the provider accepts into
-errors.
 """
 
 from __future__ import annotations
@@ -15,8 +12,10 @@ from typing import Final
 
 from pipelines.conversation import Conversation
 from pipelines.stage import Stage, StageContext
+from pipelines.stages.compress import Compress
 from pipelines.stages.filter import Filter
 from pipelines.stages.guard_inbound import GuardInbound
+from pipelines.stages.guard_outbound import GuardOutbound
 from pipelines.stages.media import Media
 from pipelines.stages.normalize import Normalize
 from pipelines.stages.thinking import Thinking
@@ -40,11 +39,11 @@ DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     Media(),
     Filter(),
     PassThrough("ttl_prune"),
-    PassThrough("compress"),
+    Compress(),
     PassThrough("summarize"),
     Normalize(),
     PassThrough("cache_markers"),
-    PassThrough("guard_outbound"),
+    GuardOutbound(),
 )
 
 STAGE_NAMES: Final = tuple(stage.name for stage in DEFAULT_STAGES)

@@ -45,7 +45,7 @@ async def test_cold_history_near_a_threshold_is_counted_exactly() -> None:
     pipeline = Pipeline()
     messages = long_history("near")
     result = await pipeline.compact(
-        {"model": "gpt-4o", "messages": messages}, policy=Policy(max_input=20_000)
+        {"model": "gpt-4o", "messages": messages}, policy=Policy(max_input=40_000)
     )
     assert result.report.exact
     assert result.report.tokens_before == pipeline.counter("o200k_base").count_messages(messages)

@@ -1,0 +1,268 @@
+"""Stage 5: deterministic compaction, stable from turn to turn.
+
+Clients resend the whole raw history on every request, so compaction must give the same
+compacted prefix each time the same history comes back with more appended; otherwise every
+turn would break the provider's prompt cache. The stage therefore works in three steps,
+each a function of the messages before a point, never of the ones after it:
+
+1. **Dedup** (from 50% utilisation): a tool output of 200+ characters identical to an
+   earlier one is replaced by a note naming the earlier call and a ref to the content.
+2. **Cut** (from ``trigger``): the compactable span starts after the anchor and ends at a
+   *cut*. Cuts sit on a fixed grid: the first group boundary after each multiple of
+   ``(trigger - target) x budget`` tokens of the raw span. The stage takes the first grid
+   cut that brings the request under ``trigger``; as the history grows the cut stays put,
+   and the next one is only taken after another grid step of growth, which leaves the
+   request near ``target`` again. So compaction events are rare and between them the
+   outgoing prefix does not change.
+3. **Span**: inside the span, user messages are kept whole, final answers are kept (long
+   ones shortened) while they fit the span's share of the budget, oldest dropped first, and
+   tool-call groups and interim assistant text are removed; each removed run becomes one
+   short user-role note listing the ref of what it held. Nothing here depends on messages
+   after the cut (priorities are taken without the latest user message's goal terms).
+
+Everything removed or shortened is written to the store first; without a store (or if a
+write fails) nothing is compacted.
+
+When even the first cut cannot bring the request under the budget (the tail itself is too
+big: the emergency case), the largest tool outputs and assistant texts outside the system
+prompt and the latest user message are shortened, originals stored first, until it fits.
+The report records the level reached (``level``: light, full) and the cut (``cut``), so a
+compaction event is visible as a change of either, or as ``emergency_shortened``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from pipelines.budget import LIGHT
+from pipelines.conversation import Conversation
+from pipelines.errors import StoreError
+from pipelines.groups import ANSWER, Group, protect, split_groups
+from pipelines.messages import Message
+from pipelines.preview import preview
+from pipelines.stage import StageContext
+
+__all__ = ["Compress"]
+
+_DEDUP_MIN_CHARS: Final = 200
+
+
+class _NoStore(Exception):
+    """The store could not take an object: compaction is abandoned, nothing is lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compress:
+    name: str = "compress"
+    span_share: float = 0.10
+    """Share of the budget the compacted span may take."""
+    keep_chars: int = 1_200
+    """Longest text kept as it is in the span, or in the tail in an emergency."""
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        policy, budget = ctx.policy, ctx.budget.input_tokens
+        if policy.mode == "off" or ctx.tokens(conversation) < LIGHT * budget:
+            return conversation
+        if ctx.store is None:
+            ctx.record(skipped="no store")
+            return conversation
+        try:
+            ctx.record(level="light")
+            result = await self._dedup(conversation, ctx)
+            if ctx.tokens(result) > policy.trigger * budget:
+                ctx.record(level="full")
+                result = await self._cut(result, ctx)
+            if ctx.tokens(result) > budget:
+                result = await self._emergency(result, ctx)
+        except _NoStore:
+            ctx.record(skipped="store unavailable")
+            return conversation
+        return result
+
+    async def _store(self, ctx: StageContext, content: bytes) -> str:
+        assert ctx.store is not None
+        try:
+            return await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
+        except StoreError as exc:
+            raise _NoStore from exc
+
+    async def _dedup(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        seen: dict[str, Message] = {}
+        out = list(conversation.messages)
+        replaced = 0
+        for index, message in enumerate(conversation.messages):
+            content = message.get("content")
+            if message.get("role") != "tool" or not isinstance(content, str):
+                continue
+            if len(content) < _DEDUP_MIN_CHARS:
+                continue
+            earlier = seen.get(content)
+            if earlier is None:
+                seen[content] = message
+                continue
+            ref = await self._store(ctx, content.encode())
+            out[index] = {
+                **message,
+                "content": f"[Identical to the output of the earlier call"
+                f" {earlier.get('tool_call_id')}; stored as {ref}.]",
+            }
+            replaced += 1
+        if not replaced:
+            return conversation
+        ctx.record(duplicates=replaced)
+        return conversation.with_messages(out)
+
+    async def _cut(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        messages = conversation.messages
+        budget = ctx.budget.input_tokens
+        size = ctx.counter.count_message
+        # No goal terms here: they come from the latest user message, and anything that
+        # changes with later messages would make the compacted span change from turn to turn.
+        groups = split_groups(messages)
+        protection = protect(
+            messages, groups, budget=budget, tail_ratio=ctx.policy.tail_ratio, tokens_of=size
+        )
+        span_groups = _span(groups, protection.indices, protection.tail_start)
+        if not span_groups:
+            return conversation
+        step = max(1, int((ctx.policy.trigger - ctx.policy.target) * budget))
+        limit = ctx.policy.trigger * budget
+        cumulative, boundary = 0, 1
+        start_tokens = ctx.tokens(conversation)
+        best, best_tokens, best_cut = conversation, start_tokens, 0
+        for position, group in enumerate(span_groups):
+            cumulative += sum(size(m) for m in messages[group.start : group.end])
+            if cumulative < boundary * step and position < len(span_groups) - 1:
+                continue
+            boundary = cumulative // step + 1
+            candidate = await self._compact_span(
+                conversation, span_groups[: position + 1], protection.indices, ctx
+            )
+            tokens = ctx.tokens(candidate)
+            if tokens < best_tokens:
+                best, best_tokens, best_cut = candidate, tokens, group.end
+            if tokens <= limit:
+                break
+        if best is conversation:
+            return conversation
+        ctx.record(cut=best_cut, span_start=span_groups[0].start)
+        return best
+
+    async def _compact_span(
+        self,
+        conversation: Conversation,
+        span: list[Group],
+        protected: frozenset[int],
+        ctx: StageContext,
+    ) -> Conversation:
+        messages = conversation.messages
+        size = ctx.counter.count_message
+        # User messages are kept whole; final answers are kept (long ones shortened) while
+        # they fit the span's share of the budget, newest last to go; all else is removed.
+        pinned = {
+            g.start for g in span if g.start in protected or messages[g.start].get("role") == "user"
+        }
+        kept: dict[int, Message] = {}
+        for group in span:
+            message = messages[group.start]
+            if (
+                group.start not in pinned
+                and group.end - group.start == 1
+                and group.priority == ANSWER
+                and message.get("role") == "assistant"
+            ):
+                kept[group.start] = await self._shortened(message, ctx)
+        allowance = self.span_share * ctx.budget.input_tokens
+        users = sum(size(messages[i]) for i in pinned)
+        order = sorted(kept)
+        while order and users + sum(size(m) for m in kept.values()) > allowance:
+            del kept[order.pop(0)]
+        out: list[Message] = list(messages[: span[0].start])
+        removed: list[Message] = []
+        for group in span:
+            if group.start in kept or group.start in pinned:
+                if removed:
+                    out.append(await self._note(removed, ctx))
+                    removed = []
+                if group.start in pinned:
+                    out.extend(messages[group.start : group.end])
+                else:
+                    out.append(kept[group.start])
+            else:
+                removed.extend(messages[group.start : group.end])
+        if removed:
+            out.append(await self._note(removed, ctx))
+        out.extend(messages[span[-1].end :])
+        return conversation.with_messages(out)
+
+    async def _shortened(
+        self, message: Message, ctx: StageContext, keep_chars: int | None = None
+    ) -> Message:
+        keep = self.keep_chars if keep_chars is None else keep_chars
+        content = message.get("content")
+        if not isinstance(content, str) or len(content) <= max(keep, 120):
+            return message
+        ref = await self._store(ctx, content.encode())
+        note = f"[Shortened; the full text is stored as {ref}.]"
+        short = preview(content, keep) if keep else ""
+        return {**message, "content": f"{note}\n{short}" if short else note}
+
+    async def _note(self, removed: list[Message], ctx: StageContext) -> Message:
+        ref = await self._store(ctx, orjson.dumps(removed))
+        calls: dict[str, int] = {}
+        for message in removed:
+            for call in message.get("tool_calls") or ():
+                name = str((call.get("function") or {}).get("name", "?"))
+                calls[name] = calls.get(name, 0) + 1
+        described = ", ".join(f"{name} x{count}" for name, count in sorted(calls.items()))
+        what = f"{len(removed)} earlier messages" + (f" (tool calls: {described})" if calls else "")
+        return {
+            "role": "user",
+            "content": f"[Context note: {what} were removed to fit the context window."
+            f" They are stored as {ref} and can be restored. This note is not a new request.]",
+        }
+
+    async def _emergency(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        messages = list(conversation.messages)
+        budget = ctx.budget.input_tokens
+        size = ctx.counter.count_message
+        latest_user = max(
+            (i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1
+        )
+        candidates = sorted(
+            (
+                i
+                for i, m in enumerate(messages)
+                if m.get("role") in ("tool", "assistant", "user")
+                and i != latest_user
+                and isinstance(m.get("content"), str)
+            ),
+            key=lambda i: (-size(messages[i]), i),
+        )
+        shortened = 0
+        # Ever shorter: a long preview, a short one, then the ref alone.
+        for keep in (self.keep_chars, self.keep_chars // 3, 0):
+            for index in candidates:
+                if ctx.tokens(conversation.with_messages(messages)) <= budget:
+                    break
+                shorter = await self._shortened(messages[index], ctx, keep)
+                if shorter is not messages[index]:
+                    messages[index] = shorter
+                    shortened += 1
+        if not shortened:
+            return conversation
+        ctx.record(emergency_shortened=shortened)
+        return conversation.with_messages(messages)
+
+
+def _span(groups: list[Group], protected: frozenset[int], tail_start: int) -> list[Group]:
+    """The groups between the leading protected ones (system prompt, anchor) and the tail.
+    A protected group inside it (the latest user message, before an agent loop) stays in
+    place, whole."""
+    start = 0
+    while start < len(groups) and groups[start].start in protected:
+        start += 1
+    return [group for group in groups[start:] if group.end <= tail_start]
