@@ -1,12 +1,14 @@
 """Reading a chat request off the wire and running the pipeline over it.
 
 Shared by the chat route, which then forwards the result, and the dry-run route, which
-returns it.
+returns it. ``recompact`` serves the overflow retry: when the upstream says the request
+was too long for its window anyway, the same request is compacted again to half the budget.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 from litestar import Request
 
@@ -15,21 +17,68 @@ from gateway.codecs.openai import parse_chat_request
 from gateway.errors import RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header
 from gateway.state import Gateway
-from pipelines import CompactResult, RequestRejected
+from pipelines import CompactResult, Policy, RequestRejected
+from pipelines.budget import BUDGET_FLOOR
 
-__all__ = ["compact_request"]
+__all__ = ["ChatRequest", "compact_request", "is_context_overflow", "recompact"]
+
+OVERFLOW_PHRASES: Final = (
+    "maximum context length",
+    "context_length_exceeded",
+    "context window",
+    "reduce the length of the messages",
+    "too many tokens",
+    "prompt is too long",
+)
 
 
-async def compact_request(request: Request[Any, Any, Any]) -> tuple[bytes, CompactResult]:
-    """The raw body and the pipeline's result for it, under the request's policy."""
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A parsed chat request and what the pipeline made of it."""
+
+    raw: bytes
+    body: dict[str, Any]
+    policy: Policy
+    result: CompactResult
+
+
+async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
+    """The request's body compacted under its policy."""
     gateway: Gateway = request.app.state.gateway
     raw = await read_body(
         request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
     )
     body = parse_chat_request(raw)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
+    return ChatRequest(raw, body, policy, await _compact(gateway, body, policy))
+
+
+async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
+    """The request compacted again (deterministically, no model call) to half of what
+    the upstream just refused: half its budget, or half its size when that is smaller, as
+    the upstream's window is evidently not what the catalog says. None when that would go
+    under the budget floor or change nothing."""
+    report = chat.result.report
+    budget = min(report.budget, report.tokens_after) // 2
+    if budget < BUDGET_FLOOR:
+        return None
+    policy = replace(chat.policy, max_input=budget, mode="truncate")
+    result = await _compact(gateway, chat.body, policy)
+    if result.request == chat.result.request:
+        return None
+    return replace(chat, policy=policy, result=result)
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    """Whether an upstream error says the prompt did not fit the model's window."""
+    if status not in (400, 413, 422):
+        return False
+    text = body[:4096].decode("utf-8", "replace").lower()
+    return any(phrase in text for phrase in OVERFLOW_PHRASES)
+
+
+async def _compact(gateway: Gateway, body: dict[str, Any], policy: Policy) -> CompactResult:
     try:
-        result = await gateway.pipeline.compact(body, policy=policy)
+        return await gateway.pipeline.compact(body, policy=policy)
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc
-    return raw, result

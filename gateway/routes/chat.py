@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from time import perf_counter
 from typing import Any
 
@@ -10,13 +11,18 @@ from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
 from gateway.client import while_connected
-from gateway.compaction import compact_request
+from gateway.compaction import compact_request, is_context_overflow, recompact
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, first_event, is_event_stream, streamed_response
 from gateway.state import Gateway, new_request_id
 from gateway.upstream import upstream_request_headers
 
-__all__ = ["chat_completions"]
+__all__ = ["MAX_ATTEMPTS", "chat_completions"]
+
+log = logging.getLogger("contextgate.chat")
+
+MAX_ATTEMPTS = 3
+"""Upstream attempts per request: the first, then up to two after a context overflow."""
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -25,21 +31,39 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
-    raw, result = await compact_request(request)
-    content = orjson.dumps(result.request) if result.changed else raw
+    chat = await compact_request(request)
     headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
     headers["content-type"] = "application/json"
-    before_upstream = perf_counter()
     upstream = gateway.upstream
-    response = await while_connected(
-        request.receive, upstream.send("POST", "chat/completions", headers=headers, content=content)
-    )
-    own_ms = (before_upstream - started) * 1000
-    if is_event_stream(response):
-        events = upstream.events(response)
-        first = await while_connected(request.receive, first_event(events))
-        ours = report_headers(request_id, result.report, own_ms)
-        return streamed_response(response, first, events, ours, request_id)
-    limit = None if response.is_success else upstream.settings.max_error_body_bytes
-    body = await while_connected(request.receive, upstream.read_body(response, limit))
-    return buffered_response(response, body, report_headers(request_id, result.report, own_ms))
+    own_ms = (perf_counter() - started) * 1000
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result = chat.result
+        content = orjson.dumps(result.request) if result.changed else chat.raw
+        response = await while_connected(
+            request.receive,
+            upstream.send("POST", "chat/completions", headers=headers, content=content),
+        )
+        if is_event_stream(response):
+            events = upstream.events(response)
+            first = await while_connected(request.receive, first_event(events))
+            ours = report_headers(request_id, result.report, own_ms)
+            ours["x-contextgate-attempts"] = str(attempt)
+            return streamed_response(response, first, events, ours, request_id)
+        limit = None if response.is_success else upstream.settings.max_error_body_bytes
+        body = await while_connected(request.receive, upstream.read_body(response, limit))
+        if attempt < MAX_ATTEMPTS and is_context_overflow(response.status_code, body):
+            retry_started = perf_counter()
+            smaller = await recompact(gateway, chat)
+            own_ms += (perf_counter() - retry_started) * 1000
+            if smaller is not None:
+                log.info(
+                    "upstream context overflow; retrying compacted to %d tokens",
+                    smaller.result.report.budget,
+                    extra={"request_id": request_id},
+                )
+                chat = smaller
+                continue
+        break
+    ours = report_headers(request_id, result.report, own_ms)
+    ours["x-contextgate-attempts"] = str(attempt)
+    return buffered_response(response, body, ours)

@@ -724,3 +724,80 @@ def test_actions_header_names_the_stages_that_acted(
     assert "reasoning_content" not in forwarded[1]
     assert forwarded[2]["role"] == "tool"
     assert forwarded[3] == messages[2]
+
+
+OVERFLOW = {
+    "error": {
+        "message": "This model's maximum context length is 8192 tokens.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+def long_history(turns: int = 40) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"turn {i}: " + "the booking for flight HAT170 on 2024-05-16 " * 25,
+        }
+        for i in range(turns)
+    ] + [{"role": "user", "content": "What is my flight?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_overflow_is_retried_compacted(
+    gateway: GatewayServer, upstream: MockUpstream, stream: bool
+) -> None:
+    """When the upstream says the prompt is too long, the gateway compacts to half the
+    budget and tries again; the client sees only the answer."""
+    answer = (
+        SSEReply(recorded_stream(recorded_streams()[0]))
+        if stream
+        else JSONReply(chat_completion("It is HAT170."))
+    )
+    upstream.push(JSONReply(OVERFLOW, status=400), answer)
+    with sync_client(gateway.base_url) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=long_history(), stream=stream
+        )
+    assert raw.headers["x-contextgate-attempts"] == "2"
+    assert "compress" in raw.headers["x-contextgate-actions"]
+    first, second = upstream.received
+    counter = TokenCounter("o200k_base")
+    assert (
+        counter.count_messages(second.json()["messages"])
+        <= counter.count_messages(first.json()["messages"]) / 2
+    )
+    assert second.json()["messages"][-1] == {"role": "user", "content": "What is my flight?"}
+
+
+def test_overflow_retries_are_bounded(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """After three overflow answers the client gets the upstream's error, as sent."""
+    upstream.push(*[JSONReply(OVERFLOW, status=400) for _ in range(3)])
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": long_history(160)},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert response.json() == OVERFLOW
+    assert response.headers["x-contextgate-attempts"] == "3"
+    assert len(upstream.received) == 3
+
+
+def test_other_errors_are_not_retried(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """A 400 that is not about the context length is relayed after one attempt."""
+    upstream.push(
+        JSONReply(
+            {"error": {"message": "Invalid tool schema", "type": "x", "param": None, "code": None}},
+            status=400,
+        )
+    )
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": "gpt-4o", "messages": long_history()}
+    )
+    assert response.status_code == 400
+    assert response.headers["x-contextgate-attempts"] == "1"
+    assert len(upstream.received) == 1
