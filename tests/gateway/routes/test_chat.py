@@ -65,6 +65,12 @@ def assert_upstream_closed_soon(upstream: MockUpstream, left_at: float) -> None:
     assert closed_at - left_at < 1.0
 
 
+def assert_still_serving(gateway: GatewayServer) -> None:
+    """The gateway answers an ordinary request."""
+    with sync_client(gateway.base_url) as client:
+        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+
+
 def test_completion_equals_direct(gateway: GatewayServer, upstream: MockUpstream) -> None:
     """A non-streamed completion through the gateway equals the same one taken directly."""
     reply = chat_completion("Hello there!")
@@ -499,8 +505,7 @@ def test_bad_body_is_400_with_envelope(
     assert error["param"] == param
     assert error["message"]
     assert upstream.received == []
-    with sync_client(gateway.base_url) as client:
-        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+    assert_still_serving(gateway)
 
 
 def test_sdk_sees_bad_request_as_bad_request(
@@ -604,8 +609,7 @@ def test_client_leaving_before_first_byte_frees_upstream(
         )
     left_at = time.monotonic()
     assert_upstream_closed_soon(upstream, left_at)
-    with sync_client(gateway.base_url) as client:
-        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+    assert_still_serving(gateway)
 
 
 def test_non_ascii_header_is_forwarded_byte_for_byte(
@@ -678,8 +682,7 @@ def test_client_leaving_mid_body_is_quiet(
     time.sleep(0.3)
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert upstream.received == []
-    with sync_client(gateway.base_url) as client:
-        assert client.chat.completions.create(model="gpt-4o", messages=MESSAGES).choices
+    assert_still_serving(gateway)
 
 
 def test_oversized_new_turn_is_refused_before_upstream(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines import CompactResult, Pipeline, Policy, Stage
+from pipelines import CompactResult, Pipeline, Policy, Stage, StoreError
+
+
+class FailingStore:
+    """A store that never acknowledges a write."""
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        raise StoreError("down")
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        return None
 
 
 async def run_stage(

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy, StoreError
+from pipelines import Pipeline, Policy
 from pipelines.stages.filter import Filter
+from tests.pipelines.stages.conftest import FailingStore
 
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
@@ -80,14 +81,7 @@ async def test_small_outputs_and_other_messages_untouched() -> None:
 async def test_output_kept_when_it_cannot_be_stored() -> None:
     """Without a store, or with a failing one, the output stays whole."""
 
-    class Failing:
-        async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
-            raise StoreError("down")
-
-        async def get(self, namespace: str, ref: str) -> bytes | None:
-            return None
-
-    for store in (None, Failing()):
+    for store in (None, FailingStore()):
         result = await compact(with_output(BIG_JSON), store)
         assert not result.changed
         assert result.report.stages[0].details["kept_without_store"] == 1

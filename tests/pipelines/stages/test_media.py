@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy, StoreError
+from pipelines import Pipeline, Policy
 from pipelines.stages.media import Media
+from tests.pipelines.stages.conftest import FailingStore
 
 
 def shot(n: int) -> dict[str, Any]:
@@ -75,14 +76,7 @@ async def test_keep_images_is_tunable() -> None:
 async def test_nothing_removed_without_a_store_or_when_it_fails() -> None:
     """Without a store, or with one that does not acknowledge writes, media stays."""
 
-    class Failing:
-        async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
-            raise StoreError("down")
-
-        async def get(self, namespace: str, ref: str) -> bytes | None:
-            return None
-
     assert not (await compact(session(), None)).changed
-    failing = await compact(session(), Failing())
+    failing = await compact(session(), FailingStore())
     assert not failing.changed
     assert failing.report.stages[0].details["store_failures"] == 2
