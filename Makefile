@@ -39,6 +39,7 @@ fmt: install-dev
 
 bench: install-dev
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.compaction
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

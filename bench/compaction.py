@@ -1,0 +1,207 @@
+"""Context quality on real agent traces: contextgate's pipeline against simple baselines.
+
+    python -m bench.compaction [--trajectories 200] [--output docs/BENCHMARKS.md]
+
+Every tau-bench airline trajectory is replayed as a client would send it (after each user
+message and each complete block of tool results), under a small ``max-input`` so that
+compaction is needed, by four methods:
+
+- ``none``: the raw history, whatever its size;
+- ``drop-oldest``: drop the oldest non-system messages until it fits (as LiteLLM's
+  ``trim_messages`` does), which can split a tool call from its result;
+- ``middle-out``: drop messages from the middle until it fits (OpenRouter's transform);
+- ``contextgate``: the default pipeline with an in-memory store.
+
+Per method: tokens sent, requests over budget, requests with a broken tool-call pair, the
+share of sent tokens that repeat the previous request's prefix (what a provider's prompt
+cache could reuse), and a cost under Anthropic-style cache pricing (prefix tokens read at
+0.1x, the rest written at 1.25x; one unit per uncached input token). For contextgate also
+the pipeline's own time per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.overhead import machine
+from gateway.store import MemoryStore
+from pipelines import Pipeline, Policy, RequestRejected
+from pipelines.tokens import REPLY_PRIMING, TokenCounter
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
+START, END = "<!-- compaction:start -->", "<!-- compaction:end -->"
+Messages = list[dict[str, Any]]
+
+
+def requests_of(messages: Messages) -> list[Messages]:
+    """The histories a client sends while the trajectory unfolds."""
+    out = []
+    for end in range(2, len(messages) + 1):
+        last = messages[end - 1]
+        following = messages[end] if end < len(messages) else None
+        if last["role"] == "user" or (
+            last["role"] == "tool" and (following is None or following["role"] != "tool")
+        ):
+            out.append(messages[:end])
+    return out
+
+
+def pairs_valid(messages: Messages) -> bool:
+    """Every call answered right after it, every tool message answering such a call."""
+    pending: set[str] = set()
+    for message in messages:
+        if message["role"] == "tool":
+            if message.get("tool_call_id") not in pending:
+                return False
+            pending.discard(message["tool_call_id"])
+            continue
+        if pending:
+            return False
+        pending = {c["id"] for c in message.get("tool_calls") or ()}
+    return not pending
+
+
+def drop_oldest(messages: Messages, budget: int, count: Callable[[Messages], int]) -> Messages:
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    while len(rest) > 1 and count(system + rest) > budget:
+        rest.pop(0)
+    return system + rest
+
+
+def middle_out(messages: Messages, budget: int, count: Callable[[Messages], int]) -> Messages:
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    while len(rest) > 2 and count(system + rest) > budget:
+        rest.pop(len(rest) // 2)
+    return system + rest
+
+
+class Tally:
+    """What one method sent over a replay."""
+
+    def __init__(self, counter: TokenCounter, budget: int) -> None:
+        self.counter, self.budget = counter, budget
+        self.tokens = self.prefix = self.requests = self.over = self.broken = 0
+        self.cost = 0.0
+        self.previous: Messages = []
+
+    def add(self, sent: Messages, new_trajectory: bool) -> None:
+        if new_trajectory:
+            self.previous = []
+        size = REPLY_PRIMING + sum(self.counter.count_message(m) for m in sent)
+        shared = 0
+        for before, now in zip(self.previous, sent, strict=False):
+            if before != now:
+                break
+            shared += self.counter.count_message(now)
+        self.tokens += size
+        self.prefix += shared
+        self.cost += 0.1 * shared + 1.25 * (size - shared)
+        self.requests += 1
+        self.over += size > self.budget
+        self.broken += not pairs_valid(sent)
+        self.previous = sent
+
+
+async def replay(trajectories: list[Any], budget: int) -> tuple[dict[str, Tally], list[float]]:
+    counter = TokenCounter()
+
+    def count(messages: Messages) -> int:
+        return REPLY_PRIMING + sum(counter.count_message(m) for m in messages)
+
+    tallies = {
+        name: Tally(counter, budget)
+        for name in ("none", "drop-oldest", "middle-out", "contextgate")
+    }
+    pipeline = Pipeline(store=MemoryStore())
+    policy = Policy(max_input=budget)
+    times: list[float] = []
+    for trajectory in trajectories:
+        for index, history in enumerate(requests_of(trajectory["traj"])):
+            first = index == 0
+            tallies["none"].add(history, first)
+            tallies["drop-oldest"].add(drop_oldest(history, budget, count), first)
+            tallies["middle-out"].add(middle_out(history, budget, count), first)
+            started = time.perf_counter()
+            try:
+                result = await pipeline.compact(
+                    {"model": "gpt-4o", "messages": history}, policy=policy
+                )
+                sent = result.request["messages"]
+            except RequestRejected:
+                sent = history  # refused by the gateway; counted as sent raw (and over)
+            times.append((time.perf_counter() - started) * 1000)
+            tallies["contextgate"].add(sent, first)
+    return tallies, times
+
+
+def table(budget: int, tallies: dict[str, Tally], times: list[float]) -> list[str]:
+    lines = [
+        f"max-input {budget:,} tokens, {tallies['none'].requests:,} requests:",
+        "",
+        "| method | tokens sent | over budget | broken tool pairs | prefix-stable share |"
+        " cost (cache pricing) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = tallies["none"].cost
+    for name, tally in tallies.items():
+        lines.append(
+            f"| {name} | {tally.tokens:,} | {tally.over:,} | {tally.broken:,} |"
+            f" {tally.prefix / tally.tokens:.1%} | {tally.cost / base:.2f}x |"
+        )
+    ordered = sorted(times)
+    lines += [
+        "",
+        f"contextgate pipeline time per request: p50 {statistics.median(times):.2f} ms,"
+        f" p99 {ordered[int(0.99 * (len(ordered) - 1))]:.2f} ms.",
+        "",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trajectories", type=int, default=200)
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    args = parser.parse_args()
+    trajectories = json.loads(DATA.read_text())[: args.trajectories]
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        START,
+        f"Measured {date} on {machine()}; `make bench` (`python -m bench.compaction"
+        f" --trajectories {len(trajectories)}`). Costs are relative to sending the raw"
+        " history (`none`).",
+        "",
+    ]
+    for budget in (4_000, 8_000):
+        tallies, times = asyncio.run(replay(trajectories, budget))
+        lines += table(budget, tallies, times)
+    lines.append(END)
+    block = "\n".join(lines)
+    print(block)
+    text = args.output.read_text() if args.output.exists() else "# Benchmarks\n"
+    if START in text:
+        head, _, rest = text.partition(START)
+        text = head + block + rest.partition(END)[2]
+    else:
+        text = (
+            text.rstrip()
+            + "\n\n## Context quality on real traces (`make bench`)\n\n"
+            + block
+            + "\n"
+        )
+    args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
