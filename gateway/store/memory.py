@@ -64,9 +64,14 @@ class MemoryStore:
             )
         ref = make_ref(self._secret, namespace, content)
         key = (namespace, ref)
+        known = self._entries.get(key)
+        if known is not None:
+            # The same content again (a resent history): keep it longer, store nothing new.
+            self._entries[key] = (max(known[0], self._clock() + ttl), known[1], known[2])
+            self._entries.move_to_end(key)
+            return ref
         compressed = len(content) > self._compress_over
         stored = zlib.compress(content, 6) if compressed else content
-        self._drop(key)
         self._entries[key] = (self._clock() + ttl, compressed, stored)
         self._size += len(stored)
         self._evict()

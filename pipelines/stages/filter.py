@@ -11,8 +11,9 @@ message, the protected tail included, at any utilisation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import orjson
 
@@ -24,12 +25,19 @@ from pipelines.stage import StageContext
 
 __all__ = ["Filter"]
 
+_PREVIEWS_KEPT: Final = 2_048
+
 
 @dataclass(frozen=True, slots=True)
 class Filter:
     name: str = "filter"
     preview_chars: int = 3_000
     """Largest preview, in characters (about 750 tokens)."""
+    _previews: OrderedDict[tuple[int, int, int], str] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
+    """Previews already made, by (hash, length, budget) of the output: a resent history
+    repeats its large outputs on every request, and parsing them again is the cost."""
 
     def __post_init__(self) -> None:
         if self.preview_chars < 200:
@@ -63,11 +71,21 @@ class Filter:
                 continue
             refs.append(ref)
             budget = min(self.preview_chars, limit * 2)
-            rewritten[index] = {**message, "content": _replacement(text, tokens, ref, budget)}
+            shown = self._preview(text, budget)
+            rewritten[index] = {**message, "content": _header(text, tokens, ref) + "\n" + shown}
         ctx.record(outputs_offloaded=len(refs), refs=refs, kept_without_store=kept_without_store)
         if not refs:
             return conversation
         return conversation.with_messages(rewritten)
+
+    def _preview(self, text: str, budget: int) -> str:
+        key = (hash(text), len(text), budget)
+        cached = self._previews.get(key)
+        if cached is None:
+            cached = self._previews[key] = preview(text, budget)
+            if len(self._previews) > _PREVIEWS_KEPT:
+                self._previews.popitem(last=False)
+        return cached
 
 
 def _output_text(message: Message) -> str | None:
@@ -94,11 +112,10 @@ def _original_bytes(message: Message) -> bytes:
     return content.encode() if isinstance(content, str) else orjson.dumps(content)
 
 
-def _replacement(text: str, tokens: int, ref: str, budget: int) -> str:
+def _header(text: str, tokens: int, ref: str) -> str:
     lines = text.count("\n") + 1
-    header = (
+    return (
         f"[Tool output offloaded: {tokens:,} tokens, {lines:,} lines, {len(text):,} characters,"
         f" stored as {ref}. A preview follows; the full output can be restored. Do not guess"
         " at what the preview leaves out.]"
     )
-    return header + "\n" + preview(text, budget)

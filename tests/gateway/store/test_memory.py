@@ -72,3 +72,18 @@ async def test_object_over_the_cap_is_refused() -> None:
     store = MemoryStore(max_bytes=10_000, max_object_bytes=100)
     with pytest.raises(StoreError, match="cap"):
         await store.put("ns", b"x" * 101, ttl=60)
+
+
+async def test_same_content_again_stores_nothing_new() -> None:
+    """Putting content that is already there returns its ref, extends its life, and adds
+    no bytes (a resent history re-offloads the same outputs on every request)."""
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    content = b"y" * 50_000
+    ref = await store.put("ns", content, ttl=60)
+    size = store.size
+    clock.now += 50
+    assert await store.put("ns", content, ttl=60) == ref
+    assert store.size == size
+    clock.now += 50
+    assert await store.get("ns", ref) == content
