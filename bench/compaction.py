@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.overhead import machine
+from bench.report import machine, quantile, write_block
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
 from pipelines.tokens import REPLY_PRIMING, TokenCounter
@@ -159,11 +159,10 @@ def table(budget: int, tallies: dict[str, Tally], times: list[float]) -> list[st
             f"| {name} | {tally.tokens:,} | {tally.over:,} | {tally.broken:,} |"
             f" {tally.prefix / tally.tokens:.1%} | {tally.cost / base:.2f}x |"
         )
-    ordered = sorted(times)
     lines += [
         "",
         f"contextgate pipeline time per request: p50 {statistics.median(times):.2f} ms,"
-        f" p99 {ordered[int(0.99 * (len(ordered) - 1))]:.2f} ms.",
+        f" p99 {quantile(times, 0.99):.2f} ms.",
         "",
     ]
     return lines
@@ -189,18 +188,8 @@ def main() -> None:
     lines.append(END)
     block = "\n".join(lines)
     print(block)
-    text = args.output.read_text() if args.output.exists() else "# Benchmarks\n"
-    if START in text:
-        head, _, rest = text.partition(START)
-        text = head + block + rest.partition(END)[2]
-    else:
-        text = (
-            text.rstrip()
-            + "\n\n## Context quality on real traces (`make bench`)\n\n"
-            + block
-            + "\n"
-        )
-    args.output.write_text(text)
+    heading = "## Context quality on real traces (`make bench`)"
+    write_block(args.output, START, END, block, heading)
 
 
 if __name__ == "__main__":

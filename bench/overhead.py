@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import httpx
 import orjson
 
 from bench.load import closed_loop
+from bench.report import machine, quantile, write_block
 from pipelines import TokenCounter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,11 +131,6 @@ def measure(client: httpx.Client, url: str, body: bytes, stream: bool) -> tuple[
     return elapsed * 1000, float(response.headers.get("x-contextgate-overhead-ms", 0))
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run_scenario(
     client: httpx.Client, targets: dict[str, str], scenario: Scenario, n: int
 ) -> dict[str, Any]:
@@ -184,16 +179,6 @@ def tokenizer_floor(messages: list[dict[str, Any]], runs: int = 15) -> float:
     return statistics.median(times)
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
-
-
 def write_results(
     output: Path,
     rows: list[dict[str, Any]],
@@ -240,14 +225,7 @@ def write_results(
         RESULTS_END,
     ]
     block = "\n".join(lines)
-    text = output.read_text() if output.exists() else "# Benchmarks\n\n"
-    if RESULTS_START in text:
-        head, _, rest = text.partition(RESULTS_START)
-        _, _, tail = rest.partition(RESULTS_END)
-        text = head + block + tail
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    output.write_text(text)
+    write_block(output, RESULTS_START, RESULTS_END, block)
     return block
 
 

@@ -9,7 +9,7 @@ configuration can add entries or override built-in ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Final, Literal
@@ -134,7 +134,3 @@ class ModelCatalog:
         if len(self._lookups) < 4096:
             self._lookups[model] = found
         return found
-
-    def as_mapping(self) -> Mapping[str, ModelInfo]:
-        """Entries by pattern."""
-        return {entry.pattern: entry for entry in self._entries}

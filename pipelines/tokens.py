@@ -163,10 +163,6 @@ class TokenCounter:
         self.hits = 0
         self.misses = 0
 
-    @property
-    def encoding_name(self) -> str:
-        return str(self._encoding.name)
-
     def count_text(self, text: str) -> int:
         """Exact BPE tokens of ``text`` (special-token strings count as plain text)."""
         if not text:

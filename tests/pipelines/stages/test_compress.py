@@ -11,26 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.compaction import requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
 from tests.pipelines.stages.test_normalize import assert_valid
 
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
-
-
-def requests_of(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The histories a client sends while the trajectory unfolds: after each user message
-    and after each complete block of tool results."""
-    out = []
-    for end in range(2, len(messages) + 1):
-        last = messages[end - 1]
-        following = messages[end] if end < len(messages) else None
-        if last["role"] == "user" or (
-            last["role"] == "tool" and (following is None or following["role"] != "tool")
-        ):
-            out.append(messages[:end])
-    return out
 
 
 def compact_details(report: Any) -> dict[str, Any]:
