@@ -12,6 +12,7 @@ from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreE
 from pipelines.pipeline import CompactResult, Pipeline, compact
 from pipelines.policy import Policy
 from pipelines.report import Report, StageReport
+from pipelines.session import ConversationState, conversation_id
 from pipelines.stage import OffloadStore, Stage, StageContext, Summarizer
 from pipelines.stages import DEFAULT_STAGES, STAGE_NAMES
 from pipelines.tokens import TokenCounter, encoding, estimate_tokens
@@ -22,6 +23,7 @@ __all__ = [
     "Budget",
     "CompactResult",
     "Conversation",
+    "ConversationState",
     "ModelCatalog",
     "ModelInfo",
     "OffloadStore",
@@ -38,6 +40,7 @@ __all__ = [
     "Summarizer",
     "TokenCounter",
     "compact",
+    "conversation_id",
     "encoding",
     "estimate_tokens",
 ]

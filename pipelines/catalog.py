@@ -52,6 +52,10 @@ class ModelInfo:
     """Seconds the provider keeps a prompt-cache entry warm."""
     vision: bool = True
     """Whether the model accepts image parts."""
+    soft_ratio: float = 0.30
+    """Utilisation at which a cold cache lets the TTL prune soft-trim old tool results."""
+    hard_ratio: float = 0.50
+    """Utilisation at which a cold cache lets the TTL prune archive old tool results."""
 
     def __post_init__(self) -> None:
         if self.context_window < 1_000:
@@ -60,6 +64,8 @@ class ModelInfo:
             raise ValueError(f"{self.pattern}: output_reserve must be in [0, context_window)")
         if self.cache_ttl < 0:
             raise ValueError(f"{self.pattern}: cache_ttl must not be negative")
+        if not 0 < self.soft_ratio <= self.hard_ratio <= 1:
+            raise ValueError(f"{self.pattern}: need 0 < soft_ratio <= hard_ratio <= 1")
 
 
 def _openai(pattern: str, window: int, reserve: int, encoding: str = "o200k_base") -> ModelInfo:

@@ -44,12 +44,15 @@ class ConversationTokens:
     """The token counts of one request's conversations, reusing the count of every message
     object already seen in it (stages keep unchanged messages as the same objects)."""
 
-    __slots__ = ("_counter", "_seen", "exact")
+    __slots__ = ("_counter", "_held", "_seen", "_totals", "exact")
 
     def __init__(self, counter: TokenCounter) -> None:
         self._counter = counter
-        # id -> (message, count); holding the message keeps its id from being reused.
-        self._seen: dict[int, tuple[Message, int]] = {}
+        # id -> count; holding the messages (in _held) keeps their ids from being reused.
+        self._seen: dict[int, int] = {}
+        self._held: list[Message] = []
+        # id -> (conversation, total): stages ask again about the conversation they got.
+        self._totals: dict[int, tuple[Conversation, int]] = {}
         self.exact = True
         """False when some counts of this request are estimates."""
 
@@ -67,7 +70,8 @@ class ConversationTokens:
             if tokens is None:
                 misses.append((message, key))
             else:
-                seen[id(message)] = (message, tokens)
+                seen[id(message)] = tokens
+        self._held.extend(messages)
         if not misses:
             return self(conversation)
         missing_chars = sum(_text_size(message) for message, _ in misses)
@@ -76,7 +80,7 @@ class ConversationTokens:
             known = self(conversation, only_seen=True)
             if known + ESTIMATE_MARGIN * sum(estimates) < threshold:
                 for (message, _), estimate in zip(misses, estimates, strict=True):
-                    seen[id(message)] = (message, estimate)
+                    seen[id(message)] = estimate
                 self.exact = False
                 defer(lambda: _remember_all(counter, misses))
                 return self(conversation)
@@ -85,23 +89,39 @@ class ConversationTokens:
         else:
             counts = _remember_all(counter, misses)
         for (message, _), tokens in zip(misses, counts, strict=True):
-            seen[id(message)] = (message, tokens)
+            seen[id(message)] = tokens
         return self(conversation)
 
     def __call__(self, conversation: Conversation, *, only_seen: bool = False) -> int:
         """Tokens of ``conversation``; messages not seen before in this request are counted
         (exactly) now, unless ``only_seen``."""
-        total = REPLY_PRIMING + self._counter.count_tools(conversation.tools)
-        seen = self._seen
-        for message in conversation.messages:
-            known = seen.get(id(message))
-            if known is None:
-                if only_seen:
-                    continue
-                known = (message, self._counter.count_message(message))
-                seen[id(message)] = known
-            total += known[1]
+        if not only_seen:
+            memo = self._totals.get(id(conversation))
+            if memo is not None:
+                return memo[1]
+        messages = conversation.messages
+        found = list(map(self._seen.get, map(id, messages)))
+        if None in found:
+            for index, tokens in enumerate(found):
+                if tokens is None:
+                    found[index] = 0 if only_seen else self.message(messages[index])
+        total = REPLY_PRIMING + self._counter.count_tools(conversation.tools) + sum(found)  # type: ignore[arg-type]
+        if not only_seen:
+            self._totals[id(conversation)] = (conversation, total)
         return total
+
+    def remember(self, conversation: Conversation, total: int) -> None:
+        """Record the total of a conversation the caller derived from one already counted
+        (by the messages it replaced and the ones it added)."""
+        self._totals[id(conversation)] = (conversation, total)
+
+    def message(self, message: Message) -> int:
+        """Tokens of one message of this request."""
+        tokens = self._seen.get(id(message))
+        if tokens is None:
+            tokens = self._seen[id(message)] = self._counter.count_message(message)
+            self._held.append(message)
+        return tokens
 
 
 def _remember_all(counter: TokenCounter, misses: list[_Miss]) -> list[int]:

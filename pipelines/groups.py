@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from pipelines.messages import Message, message_text
 from pipelines.preview import is_error
@@ -35,8 +35,7 @@ _SYSTEM_ROLES: Final = frozenset({"system", "developer"})
 _TERM: Final = re.compile(r"[A-Za-z0-9_./:-]*\d[A-Za-z0-9_./:-]*|[\w.-]+/[\w./-]+")
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
+class Group(NamedTuple):
     """Messages ``start`` to ``end`` (exclusive), moved as one unit."""
 
     start: int
@@ -74,8 +73,12 @@ def split_groups(messages: Sequence[Message], terms: frozenset[str] = frozenset(
         if role == "assistant" and message.get("tool_calls"):
             while end < count and messages[end].get("role") == "tool":
                 end += 1
-            results = messages[index + 1 : end]
-            failed = any(is_error(message_text(result)) for result in results)
+            failed = False
+            for result in messages[index + 1 : end]:
+                content = result.get("content")
+                if is_error(content if type(content) is str else message_text(result)):
+                    failed = True
+                    break
             priority = CALL_OR_ERROR if failed else TOOL_RESULT
         elif role in _SYSTEM_ROLES:
             priority = SYSTEM
@@ -132,11 +135,10 @@ def protect(
 def _answered(messages: Sequence[Message], after: int) -> bool:
     """Whether the assistant text ending before ``after`` is a final answer: the last
     message, or followed (past any tool messages) by a user message."""
-    for message in messages[after:]:
-        role = message.get("role")
-        if role == "tool":
-            continue
-        return role == "user"
+    for index in range(after, len(messages)):
+        role = messages[index].get("role")
+        if role != "tool":
+            return role == "user"
     return True
 
 

@@ -17,6 +17,7 @@ from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
 from pipelines.report import Report
 from pipelines.runner import run_stages
+from pipelines.session import ConversationState, cache_status
 from pipelines.stage import Clock, OffloadStore, Stage, StageContext, Summarizer
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tokens import TokenCounter
@@ -33,6 +34,9 @@ class CompactResult:
     request: dict[str, Any]
     report: Report
     changed: bool
+    state: ConversationState
+    """The conversation's record with the cuts this request applied; the caller stores it
+    (after marking when the request went upstream: ``ConversationState.answered``)."""
 
 
 class Pipeline:
@@ -97,8 +101,15 @@ class Pipeline:
         model: str | None = None,
         policy: Policy | None = None,
         namespace: str = "",
+        state: ConversationState | None = None,
+        now: float | None = None,
     ) -> CompactResult:
-        """Run every stage over ``request`` (an OpenAI chat request body)."""
+        """Run every stage over ``request`` (an OpenAI chat request body).
+
+        ``state`` is the conversation's record from its earlier requests, ``now`` the wall
+        clock (default: the current time); together they say whether the provider's prompt
+        cache is still warm. Without a state the conversation counts as new, so cold.
+        """
         started = perf_counter()
         policy = policy or Policy()
         conversation = Conversation.from_request(request)
@@ -111,6 +122,9 @@ class Pipeline:
         before = await tokens.first(conversation, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact
+        cold, report.cache = cache_status(
+            state, ttl=info.cache_ttl, now=time.time() if now is None else now
+        )
         ctx = StageContext(
             model=info,
             policy=policy,
@@ -121,11 +135,18 @@ class Pipeline:
             namespace=namespace,
             store=self.store,
             summarizer=self.summarizer,
+            state=state,
+            cold=cold,
         )
         result = await run_stages(self.stages, conversation, ctx, report, tokens)
         report.ms = (perf_counter() - started) * 1000
         changed = result is not conversation
-        return CompactResult(result.to_request() if changed else dict(request), report, changed)
+        after = state or ConversationState()
+        if ctx.carry:
+            after = after.with_cuts(**ctx.carry)
+        return CompactResult(
+            result.to_request() if changed else dict(request), report, changed, after
+        )
 
 
 async def _in_thread(job: Callable[[], object]) -> None:
@@ -146,6 +167,7 @@ async def compact(
     store: OffloadStore | None = None,
     summarizer: Summarizer | None = None,
     namespace: str = "",
+    state: ConversationState | None = None,
 ) -> CompactResult:
     """Compact one chat request with the default stages and catalog.
 
@@ -157,4 +179,6 @@ async def compact(
     pipeline = _default
     if store is not None or summarizer is not None:
         pipeline = pipeline.using(store=store, summarizer=summarizer)
-    return await pipeline.compact(request, model=model, policy=policy, namespace=namespace)
+    return await pipeline.compact(
+        request, model=model, policy=policy, namespace=namespace, state=state
+    )

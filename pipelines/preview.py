@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any, Final
 
-__all__ = ["is_error", "preview"]
+__all__ = ["is_error", "preview", "trim_json"]
 
 _ERROR_START: Final = re.compile(
     r"^\s*(error|exception|fatal|traceback|failed|failure)\b", re.IGNORECASE
@@ -35,7 +36,12 @@ _SCALAR_CHARS: Final = 80
 
 def is_error(text: str) -> bool:
     """Whether ``text`` reads as an error report (judged on its first 500 characters)."""
-    head = text[:500]
+    return _is_error_head(text[:500])
+
+
+@lru_cache(maxsize=16_384)
+def _is_error_head(head: str) -> bool:
+    # Cached: a resent history asks about the same tool results on every request.
     return bool(_ERROR_START.match(head) or _ERROR_EARLY.search(head))
 
 
@@ -149,3 +155,36 @@ def _lines(text: str, budget: int, *, head_share: float, label: str) -> str:
             *tail,
         ]
     )
+
+
+def trim_json(
+    value: Any, *, depth: int = 4, keys: int = 12, items: int = 3, chars: int = 400
+) -> Any:
+    """``value`` made smaller but still valid JSON of the same shape: nesting cut at
+    ``depth``, objects to their first ``keys`` keys, arrays to their first and last
+    ``items`` items, strings to ``chars`` characters; each cut says what it left out."""
+    if isinstance(value, str):
+        if len(value) <= chars:
+            return value
+        return f"{value[: chars - 60]} ...({len(value) - chars + 60} characters cut)"
+    if isinstance(value, dict):
+        if depth <= 0:
+            return f"(object with {len(value)} keys cut)"
+        out = {
+            k: trim_json(v, depth=depth - 1, keys=keys, items=items, chars=chars)
+            for k, v in list(value.items())[:keys]
+        }
+        if len(value) > keys:
+            out["..."] = f"{len(value) - keys} more keys cut"
+        return out
+    if isinstance(value, list):
+        if depth <= 0:
+            return [f"(array of {len(value)} items cut)"]
+        kept = value if len(value) <= 2 * items else value[:items] + value[-items:]
+        out_list = [
+            trim_json(v, depth=depth - 1, keys=keys, items=items, chars=chars) for v in kept
+        ]
+        if len(value) > 2 * items:
+            out_list.insert(items, f"... {len(value) - 2 * items} items cut ...")
+        return out_list
+    return value

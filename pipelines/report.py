@@ -35,6 +35,9 @@ class Report:
     exact: bool = True
     """False when some counts are estimates (see ``pipelines.counting``)."""
     ms: float = 0.0
+    cache: str = "new"
+    """The provider cache as the pipeline judged it: ``hot``, or why it is cold (``new``,
+    ``expired``, ``low hit rate``)."""
     stages: list[StageReport] = field(default_factory=list)
 
     @property
@@ -46,6 +49,26 @@ class Report:
     def failures(self) -> list[str]:
         """Names of the stages that raised and were skipped."""
         return [stage.name for stage in self.stages if stage.error is not None]
+
+    def stage(self, name: str) -> StageReport | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def is_event_after(self, previous: Report) -> bool:
+        """Whether this request's compaction differs in kind from ``previous``'s (of the
+        same conversation): a stage moved a cut, compress changed level or cut, or an
+        emergency shortening acted on either. Between events, a growing history keeps
+        its outgoing prefix."""
+        for stage in self.stages:
+            if stage.details.get("moved"):
+                return True
+        now, before = self.stage("compress"), previous.stage("compress")
+        now_details = now.details if now is not None else {}
+        before_details = before.details if before is not None else {}
+        return (
+            any(now_details.get(k) != before_details.get(k) for k in ("level", "cut"))
+            or "emergency_shortened" in now_details
+            or "emergency_shortened" in before_details
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +82,7 @@ class Report:
             "utilisation_before": round(self.tokens_before / self.budget, 4),
             "utilisation_after": round(self.tokens_after / self.budget, 4),
             "ms": round(self.ms, 3),
+            "cache": self.cache,
             "actions": self.actions,
             "failures": self.failures,
             "stages": [

@@ -33,6 +33,7 @@ async def run_stages(
     current = report.tokens_before
     for stage in stages:
         ctx.details = {}
+        carried = dict(ctx.carry)
         started = perf_counter()
         error: str | None = None
         try:
@@ -46,6 +47,7 @@ async def run_stages(
         except Exception as exc:
             log.warning("stage %s failed; request left unchanged", stage.name, exc_info=True)
             result, changed, after = conversation, False, current
+            ctx.carry = carried
             error = f"{type(exc).__name__}: {exc}"
         elapsed = (perf_counter() - started) * 1000
         report.stages.append(

@@ -15,7 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 from pipelines.budget import Budget
 from pipelines.catalog import ModelInfo
 from pipelines.conversation import Conversation
+from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
+from pipelines.session import ConversationState
 from pipelines.tokens import TokenCounter
 
 __all__ = ["Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
@@ -65,12 +67,21 @@ class StageContext:
     budget: Budget
     counter: TokenCounter
     clock: Clock
-    tokens: Callable[[Conversation], int]
-    """Tokens of a conversation of this request (messages seen before are not recounted)."""
+    tokens: ConversationTokens
+    """Tokens of a conversation of this request (``tokens(conversation)``) or of one of
+    its messages (``tokens.message(m)``); what was counted before is not recounted."""
     namespace: str = ""
     """Tenant namespace for offloaded objects."""
     store: OffloadStore | None = None
     summarizer: Summarizer | None = None
+    state: ConversationState | None = None
+    """The conversation's record from earlier requests (``None``: not known)."""
+    cold: bool = True
+    """Whether the provider's prompt cache is cold for this conversation: rewrites that
+    break the cached prefix cost nothing then."""
+    carry: dict[str, int] = field(default_factory=dict)
+    """Cuts a stage moved, for the conversation's next record (``ConversationState``
+    field names); dropped for a stage that fails."""
     details: dict[str, Any] = field(default_factory=dict)
     """What the running stage wants reported (items touched, refs created); the runner
     gives each stage a fresh dict and files it under the stage's name."""
@@ -78,3 +89,10 @@ class StageContext:
     def record(self, **details: Any) -> None:
         """Add ``details`` to the running stage's report."""
         self.details.update(details)
+
+    def cut(self, name: str) -> int:
+        """The cut ``name`` as the conversation's record has it (0 when not known)."""
+        value = self.carry.get(name)
+        if value is None:
+            value = getattr(self.state, name, 0) if self.state is not None else 0
+        return int(value)

@@ -19,6 +19,7 @@ from pipelines.stages.guard_outbound import GuardOutbound
 from pipelines.stages.media import Media
 from pipelines.stages.normalize import Normalize
 from pipelines.stages.thinking import Thinking
+from pipelines.stages.ttl_prune import TtlPrune
 
 __all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "PassThrough"]
 
@@ -38,7 +39,7 @@ DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     Thinking(),
     Media(),
     Filter(),
-    PassThrough("ttl_prune"),
+    TtlPrune(),
     Compress(),
     PassThrough("summarize"),
     Normalize(),

@@ -32,6 +32,7 @@ compaction event is visible as a change of either, or as ``emergency_shortened``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -118,7 +119,7 @@ class Compress:
     async def _cut(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = conversation.messages
         budget = ctx.budget.input_tokens
-        size = ctx.counter.count_message
+        size = ctx.tokens.message
         # No goal terms here: they come from the latest user message, and anything that
         # changes with later messages would make the compacted span change from turn to turn.
         groups = split_groups(messages)
@@ -133,15 +134,23 @@ class Compress:
         cumulative, boundary = 0, 1
         start_tokens = ctx.tokens(conversation)
         best, best_tokens, best_cut = conversation, start_tokens, 0
+        # Candidates share most of their notes and shortened answers: made once each.
+        made: dict[tuple[int, int], Message] = {}
+        span_start = span_groups[0].start
         for position, group in enumerate(span_groups):
             cumulative += sum(size(m) for m in messages[group.start : group.end])
             if cumulative < boundary * step and position < len(span_groups) - 1:
                 continue
             boundary = cumulative // step + 1
             candidate = await self._compact_span(
-                conversation, span_groups[: position + 1], protection.indices, ctx
+                conversation, span_groups[: position + 1], protection.indices, ctx, made
             )
-            tokens = ctx.tokens(candidate)
+            # Only the span changed: its old messages out, its new ones in.
+            new_span = candidate.messages[
+                span_start : len(candidate.messages) - (len(messages) - group.end)
+            ]
+            tokens = start_tokens - cumulative + sum(size(m) for m in new_span)
+            ctx.tokens.remember(candidate, tokens)
             if tokens < best_tokens:
                 best, best_tokens, best_cut = candidate, tokens, group.end
             if tokens <= limit:
@@ -157,9 +166,12 @@ class Compress:
         span: list[Group],
         protected: frozenset[int],
         ctx: StageContext,
+        made: dict[tuple[int, int], Message],
     ) -> Conversation:
+        """The conversation with the groups of ``span`` compacted. ``made`` keeps notes
+        and shortened answers by their message range, for the next candidate."""
         messages = conversation.messages
-        size = ctx.counter.count_message
+        size = ctx.tokens.message
         # User messages are kept whole; final answers are kept (long ones shortened) while
         # they fit the span's share of the budget, newest last to go; all else is removed.
         pinned = {
@@ -174,27 +186,30 @@ class Compress:
                 and group.priority == ANSWER
                 and message.get("role") == "assistant"
             ):
-                kept[group.start] = await self._shortened(message, ctx)
+                short = made.get((group.start, -1))
+                if short is None:
+                    short = made[group.start, -1] = await self._shortened(message, ctx)
+                kept[group.start] = short
         allowance = self.span_share * ctx.budget.input_tokens
         users = sum(size(messages[i]) for i in pinned)
         order = sorted(kept)
         while order and users + sum(size(m) for m in kept.values()) > allowance:
             del kept[order.pop(0)]
         out: list[Message] = list(messages[: span[0].start])
-        removed: list[Message] = []
+        run = -1  # start of the run of removed groups, if any
         for group in span:
             if group.start in kept or group.start in pinned:
-                if removed:
-                    out.append(await self._note(removed, ctx))
-                    removed = []
+                if run >= 0:
+                    out.append(await self._note(messages, run, group.start, ctx, made))
+                    run = -1
                 if group.start in pinned:
                     out.extend(messages[group.start : group.end])
                 else:
                     out.append(kept[group.start])
-            else:
-                removed.extend(messages[group.start : group.end])
-        if removed:
-            out.append(await self._note(removed, ctx))
+            elif run < 0:
+                run = group.start
+        if run >= 0:
+            out.append(await self._note(messages, run, span[-1].end, ctx, made))
         out.extend(messages[span[-1].end :])
         return conversation.with_messages(out)
 
@@ -210,7 +225,21 @@ class Compress:
         short = preview(content, keep) if keep else ""
         return {**message, "content": f"{note}\n{short}" if short else note}
 
-    async def _note(self, removed: list[Message], ctx: StageContext) -> Message:
+    async def _note(
+        self,
+        messages: Sequence[Message],
+        start: int,
+        end: int,
+        ctx: StageContext,
+        made: dict[tuple[int, int], Message],
+    ) -> Message:
+        """The note standing for ``messages[start:end]``, removed."""
+        note = made.get((start, end))
+        if note is None:
+            note = made[start, end] = await self._make_note(list(messages[start:end]), ctx)
+        return note
+
+    async def _make_note(self, removed: list[Message], ctx: StageContext) -> Message:
         ref = await self._store(ctx, orjson.dumps(removed))
         calls: dict[str, int] = {}
         for message in removed:
@@ -228,7 +257,7 @@ class Compress:
     async def _emergency(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = list(conversation.messages)
         budget = ctx.budget.input_tokens
-        size = ctx.counter.count_message
+        size = ctx.tokens.message
         latest_user = max(
             (i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1
         )

@@ -56,7 +56,7 @@ class Filter:
             # cannot be over it, and is not tokenized at all.
             if text is None or _utf8_size(text) <= limit:
                 continue
-            tokens = ctx.counter.count_message(message)
+            tokens = ctx.tokens.message(message)
             if tokens <= limit:
                 continue
             if ctx.store is None:

@@ -27,7 +27,7 @@ class GuardInbound:
         start = len(messages)
         while start > 0 and messages[start - 1].get("role") == "user":
             start -= 1
-        tokens = sum(ctx.counter.count_message(message) for message in messages[start:])
+        tokens = sum(ctx.tokens.message(message) for message in messages[start:])
         limit = ctx.policy.block_tokens
         if tokens > limit:
             raise RequestRejected(

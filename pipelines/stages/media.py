@@ -6,15 +6,24 @@ newest ``keep-images`` messages that carry any, whatever their role (tool result
 each part of an older message is offloaded whole and replaced by a text part naming its
 ref. Offloading comes first: a part whose write the store does not acknowledge stays as it
 is, and without a store nothing is removed.
+
+Moving the window rewrites a message that the provider has cached, so while the cache is
+warm the window moves in batches: the older media stay until ``batch`` of them have piled
+up beyond the window (or utilisation reaches 0.90), then all go at once. A cold cache (a
+new conversation, an idle one) moves it at once. How many media-bearing messages lost their
+media is kept in the conversation's record (``media_cut``), so the next request strips the
+same ones and its prefix does not move.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
+from pipelines.budget import PRESSURE
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
@@ -48,6 +57,8 @@ _KIND: Final = {
 @dataclass(frozen=True, slots=True)
 class Media:
     name: str = "media"
+    batch: int = 4
+    """Media-bearing messages beyond the window that a warm cache lets pile up."""
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = conversation.messages
@@ -56,17 +67,49 @@ class Media:
             for i, message in enumerate(messages)
             if type(message.get("content")) is list and _media_count(message)
         ]
-        keep = ctx.policy.keep_images
-        older = bearing[: max(0, len(bearing) - keep)]
-        if not older:
+        window = max(0, len(bearing) - ctx.policy.keep_images)
+        previous = min(ctx.cut("media_cut"), window)
+        if not window:
             return conversation
         if ctx.store is None:
-            ctx.record(media_messages_kept_without_store=len(older))
+            ctx.record(media_messages_kept_without_store=window)
             return conversation
+        moving = ctx.cold or window - previous >= self.batch
+        cut = window if moving else previous
         rewritten = list(messages)
         refs: list[str] = []
+        failures = await self._strip(messages, bearing[:cut], rewritten, refs, ctx)
+        if cut < window:
+            # Pressure is judged on what would be sent without moving the window: judged on
+            # the raw history it would hold on every turn and move the window every turn.
+            current = conversation.with_messages(rewritten) if refs else conversation
+            if ctx.tokens(current) >= PRESSURE * ctx.budget.input_tokens:
+                failures += await self._strip(messages, bearing[cut:window], rewritten, refs, ctx)
+                cut = window
+            else:
+                ctx.record(deferred=window - cut)
+        ctx.record(
+            parts_offloaded=len(refs), refs=refs, store_failures=failures, moved=cut != previous
+        )
+        if not failures:
+            ctx.carry["media_cut"] = cut
+        if not refs:
+            return conversation
+        return conversation.with_messages(rewritten)
+
+    async def _strip(
+        self,
+        messages: Sequence[Message],
+        indices: list[int],
+        rewritten: list[Message],
+        refs: list[str],
+        ctx: StageContext,
+    ) -> int:
+        """Offload the media parts of ``messages[indices]`` into ``rewritten``; append the
+        refs to ``refs``; return how many parts the store refused."""
+        assert ctx.store is not None
         failures = 0
-        for index in older:
+        for index in indices:
             message = messages[index]
             parts: list[Any] = []
             for part in message["content"]:
@@ -84,10 +127,7 @@ class Media:
                 else:
                     parts.append(part)
             rewritten[index] = {**message, "content": parts}
-        ctx.record(parts_offloaded=len(refs), refs=refs, store_failures=failures)
-        if not refs:
-            return conversation
-        return conversation.with_messages(rewritten)
+        return failures
 
 
 def _media_count(message: Message) -> int:

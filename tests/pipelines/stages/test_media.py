@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy
+from pipelines import ConversationState, Pipeline, Policy
 from pipelines.stages.media import Media
 from tests.pipelines.stages.conftest import FailingStore
 
@@ -80,3 +80,53 @@ async def test_nothing_removed_without_a_store_or_when_it_fails() -> None:
     failing = await compact(session(), FailingStore())
     assert not failing.changed
     assert failing.report.stages[0].details["store_failures"] == 2
+
+
+def screenshots(count: int) -> list[dict[str, Any]]:
+    """A session of ``count`` screenshot tool calls after one user request."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Watch the deploy."}]
+    for n in range(count):
+        call = {"id": f"s{n}", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"s{n}", "content": [shot(n)]})
+    return messages
+
+
+async def test_a_warm_cache_moves_the_window_in_batches() -> None:
+    """The first request (cold) keeps 2 screenshots. While the cache is warm, newer ones
+    pile up without rewriting the earlier outgoing messages, until 4 are beyond the window;
+    then the window moves all at once, and the record remembers where it is."""
+    store = MemoryStore()
+    pipeline = Pipeline(stages=[Media()], store=store)
+    state, now, previous = None, 1_000.0, None
+    moves = []
+    for count in range(3, 12):
+        now += 10
+        result = await pipeline.compact(
+            {"model": "gpt-4o", "messages": screenshots(count)}, state=state, now=now
+        )
+        out = result.request["messages"]
+        kept = sum(1 for m in out if m["role"] == "tool" and m["content"][0]["type"] == "image_url")
+        details = result.report.stages[0].details
+        if details.get("moved"):
+            moves.append(count)
+            assert kept == 2
+        elif previous is not None:
+            assert out[: len(previous)] == previous
+            assert kept == 2 + details["deferred"]
+        state, previous = result.state.answered(at=now), out
+    assert moves == [3, 7, 11]
+
+
+async def test_pressure_moves_the_window_even_with_a_warm_cache() -> None:
+    warm = ConversationState(last_seen=995.0, calls=4, media_cut=1)
+    messages = screenshots(6)  # 4 beyond the window, 1 already stripped: 3 deferred
+    pipeline = Pipeline(stages=[Media()], store=MemoryStore())
+    request = {"model": "gpt-4o", "messages": messages}
+    roomy = await pipeline.compact(request, state=warm, now=1_000.0)
+    assert roomy.state.media_cut == 1
+    assert roomy.report.stages[0].details["deferred"] == 3
+    # over 0.90 of a 4,000-token budget
+    assert roomy.report.tokens_before >= 0.9 * 4_000
+    tight = await pipeline.compact(request, state=warm, now=1_000.0, policy=Policy(max_input=4_000))
+    assert tight.state.media_cut == 4

@@ -1,0 +1,138 @@
+"""What the gateway remembers about one conversation between its requests (DESIGN section 6).
+
+Chat clients resend the whole history every time, so the pipeline can work statelessly,
+except for two things it cannot see in a request: whether the provider's prompt cache still
+holds this conversation, and which rewrites that depend on later messages (the media window,
+the cache-TTL prune) were already applied. A ``ConversationState`` carries both. Rewrites
+are applied up to *cuts* kept in the state, so a request whose history extends the previous
+one gets the same rewrites again (the same bytes: refs are content-addressed) and its
+outgoing prefix does not move; cuts advance only while the cache is cold, when moving them
+costs nothing, or under pressure.
+
+A conversation is identified by the client (``x-contextgate-conversation``) or by a hash of
+the namespace, the system prompt and the first user message (``conversation_id``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final
+
+import orjson
+
+from pipelines.messages import Message
+
+__all__ = [
+    "HOT_HIT_RATE",
+    "ConversationState",
+    "cache_status",
+    "conversation_id",
+    "usage_of",
+]
+
+HOT_HIT_RATE: Final = 0.35
+"""Provider cache-hit rate at or above which the cache is taken to be working."""
+COLD_HIT_RATE: Final = 0.12
+"""Hit rate under which, on a stable sample, the cache is taken not to be working."""
+_STABLE_CALLS: Final = 2
+_STABLE_TOKENS: Final = 4_000
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """One conversation's record. Times are wall-clock seconds (shared across replicas)."""
+
+    last_seen: float | None = None
+    """When the previous request of this conversation was sent upstream."""
+    calls: int = 0
+    """Requests sent upstream so far."""
+    prompt_tokens: int | None = None
+    """Input tokens the provider reported for the previous request."""
+    cached_tokens: int | None = None
+    """Of those, read from the provider's cache (``None``: the provider does not say)."""
+    media_cut: int = 0
+    """Media-bearing messages, oldest first, whose media parts are offloaded."""
+    soft_cut: int = 0
+    """Tool results before this message index are soft-trimmed by the cache-TTL prune."""
+    archive_cut: int = 0
+    """Tool results before this message index are archived by the cache-TTL prune."""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ConversationState:
+        """The state in ``data``; fields it does not know are ignored, so states written by
+        a newer replica can be read by an older one."""
+        raw = orjson.loads(data)
+        if not isinstance(raw, dict):
+            raise ValueError("a conversation state is a JSON object")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def answered(self, *, at: float, usage: Mapping[str, Any] | None = None) -> ConversationState:
+        """This state after a request sent upstream at ``at`` with ``usage`` reported."""
+        prompt, cached = usage_of(usage)
+        return _replace(
+            self, last_seen=at, calls=self.calls + 1, prompt_tokens=prompt, cached_tokens=cached
+        )
+
+    def with_cuts(self, **cuts: int) -> ConversationState:
+        """This state with the cuts a request applied."""
+        return _replace(self, **cuts)
+
+
+def _replace(state: ConversationState, **changes: Any) -> ConversationState:
+    values = {f.name: getattr(state, f.name) for f in fields(state)}
+    values.update(changes)
+    return ConversationState(**values)
+
+
+def cache_status(state: ConversationState | None, *, ttl: int, now: float) -> tuple[bool, str]:
+    """Whether the provider's prompt cache is cold for the conversation, and why.
+
+    A conversation never seen is cold (nothing of it can be cached). Time decides first:
+    past the model family's TTL the entry is gone whatever the provider said before. Within
+    it, provider feedback on a stable sample (2+ calls or 4,000+ tokens) can say the cache
+    is not working (hit rate under 0.12); otherwise it is hot.
+    """
+    if state is None or state.last_seen is None:
+        return True, "new"
+    if now - state.last_seen > ttl:
+        return True, "expired"
+    if state.cached_tokens is not None and state.prompt_tokens:
+        stable = state.calls >= _STABLE_CALLS or state.prompt_tokens >= _STABLE_TOKENS
+        if stable and state.cached_tokens / state.prompt_tokens < COLD_HIT_RATE:
+            return True, "low hit rate"
+    return False, "hot"
+
+
+def usage_of(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    """Prompt and cached tokens from an OpenAI ``usage`` object (``None`` when absent)."""
+    if not isinstance(usage, Mapping):
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return (
+        prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None,
+        cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
+    )
+
+
+def conversation_id(namespace: str, messages: Sequence[Message]) -> str:
+    """A stable identity for a conversation the client did not name: the namespace, the
+    system prompt and the first user message, hashed."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(namespace.encode())
+    first_user = False
+    for message in messages:
+        role = message.get("role")
+        if role in ("system", "developer") or (role == "user" and not first_user):
+            digest.update(b"\0" + orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
+            first_user = first_user or role == "user"
+        if first_user:
+            break
+    return "conv_" + digest.hexdigest()

@@ -1,0 +1,277 @@
+"""Stage 4: old tool results trimmed while the provider's prompt cache is cold.
+
+A long agent session carries tool results that stopped mattering many turns ago. Rewriting
+them breaks the provider's cached prefix, so the time to do it is when that cache is cold
+anyway: the conversation is new, was idle past the model's cache TTL, or the provider
+reports it is not caching. Then every tool result before the last three assistant turns,
+outside the anchor, is
+
+- soft-trimmed from ``soft-ratio`` (default 0.30): text keeps its first and last 1,500
+  characters, JSON is cut by structure and stays valid JSON;
+- archived from ``hard-ratio`` (default 0.50): replaced by a one-line stub.
+
+The original is written to the store first and its ref goes into the rewritten message;
+when the store does not acknowledge, the result stays as it is. New work per pass is
+bounded (8 archives, 2 MB, 200 ms); what is left waits for the next pass.
+
+How far it went is kept in the conversation's record as two cuts (``soft_cut``,
+``archive_cut``: tool results before that index). On the next request, warm cache or not,
+the same rewrites are applied again up to those cuts (same bytes, as refs are
+content-addressed), so the outgoing prefix does not move; the cuts themselves only advance
+on a cold cache.
+
+With a warm cache the stage does nothing new even under pressure: compress (stage 5) deals
+with pressure, with cuts that stay put from turn to turn. Letting this stage move its cuts
+under pressure too was measured on the tau-bench replays at max-input 4,000: the two
+mechanisms moved each other's cuts, and the cost under cache pricing rose from 1.19x to
+1.24-1.30x of the raw history (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Final
+
+import orjson
+
+from pipelines.conversation import Conversation
+from pipelines.errors import StoreError
+from pipelines.messages import Message
+from pipelines.preview import trim_json
+from pipelines.stage import StageContext
+
+__all__ = ["TtlPrune"]
+
+_JSON_START: Final = ("[", "{")
+_SHORTENED_KEPT: Final = 2_048
+
+
+@dataclass(frozen=True, slots=True)
+class TtlPrune:
+    name: str = "ttl_prune"
+    protected_turns: int = 3
+    """Assistant turns, newest first, whose tool results are never touched."""
+    head_chars: int = 1_500
+    tail_chars: int = 1_500
+    archive_min_chars: int = 400
+    """Tool results shorter than this are not worth a stub."""
+    max_archives: int = 8
+    max_bytes: int = 2 * 1024 * 1024
+    max_ms: float = 200.0
+    _shortened: OrderedDict[tuple[int, int], str] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
+    """Trimmed texts already made: the same results are trimmed again on every request."""
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        if ctx.policy.mode == "off":
+            return conversation
+        messages = conversation.messages
+        limit = _protected_from(messages, self.protected_turns)
+        cuts = _Cuts(min(ctx.cut("soft_cut"), limit), min(ctx.cut("archive_cut"), limit))
+        if not ctx.cold:
+            # Warm cache: the earlier rewrites again, nothing new. Pressure is compress's
+            # job, whose cuts are stable from turn to turn (see the module docstring).
+            if max(cuts.soft, cuts.archive) == 0:
+                return conversation
+            return await self._pass(conversation, ctx, cuts, cuts, limit)
+        utilisation = ctx.tokens(conversation) / ctx.budget.input_tokens
+        soft = ctx.policy.soft_ratio or ctx.model.soft_ratio
+        hard = ctx.policy.hard_ratio or ctx.model.hard_ratio
+        goals = _Cuts(
+            limit if utilisation >= soft else cuts.soft,
+            limit if utilisation >= hard else cuts.archive,
+        )
+        if max(goals.soft, goals.archive) == 0:
+            return conversation
+        return await self._pass(conversation, ctx, cuts, goals, limit)
+
+    async def _pass(
+        self, conversation: Conversation, ctx: StageContext, cuts: _Cuts, goals: _Cuts, limit: int
+    ) -> Conversation:
+        """Rewrite the tool results before ``goals`` (those before ``cuts`` again, the rest
+        as new work within the per-pass bound) and record the cuts reached."""
+        if ctx.store is None:
+            ctx.record(skipped="no store")
+            return conversation
+        messages = conversation.messages
+        soft_goal, archive_goal = goals.soft, goals.archive
+        work = _Work(self, perf_counter())
+        anchor = _anchor(messages)
+        rewritten = list(messages)
+        archived = trimmed = 0
+        for index in range(max(soft_goal, archive_goal)):
+            message = messages[index]
+            text = _text(message)
+            if text is None or index in anchor:
+                continue
+            new = None
+            if index < archive_goal and len(text) >= self.archive_min_chars:
+                fresh = index >= cuts.archive
+                if not fresh or work.allows(text, archive=True):
+                    new = await self._archive(message, text, _call_name(messages, index), ctx)
+                    if new is not None:
+                        archived += 1
+                        work.done(text, archive=fresh)
+                if new is None and fresh:
+                    archive_goal = index  # out of budget or store: stop advancing here
+            if new is None and index < soft_goal and len(text) > self._trim_floor:
+                fresh = index >= cuts.soft
+                if not fresh or work.allows(text, archive=False):
+                    new = await self._trimmed(message, text, ctx)
+                    if new is not None:
+                        trimmed += 1
+                        work.done(text, archive=False)
+                if new is None and fresh:
+                    soft_goal = index
+            if new is not None:
+                rewritten[index] = new
+        reached = _Cuts(max(soft_goal, cuts.soft), max(archive_goal, cuts.archive))
+        ctx.carry.update(soft_cut=reached.soft, archive_cut=reached.archive)
+        ctx.record(soft_trimmed=trimmed, archived=archived, moved=reached != cuts)
+        if not (trimmed or archived):
+            return conversation
+        return conversation.with_messages(rewritten)
+
+    @property
+    def _trim_floor(self) -> int:
+        return self.head_chars + self.tail_chars + 500
+
+    async def _stored(self, ctx: StageContext, content: bytes) -> str | None:
+        assert ctx.store is not None
+        try:
+            return await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
+        except StoreError:
+            return None
+
+    async def _archive(
+        self, message: Message, text: str, name: str, ctx: StageContext
+    ) -> Message | None:
+        ref = await self._stored(ctx, _original(message))
+        if ref is None:
+            return None
+        lines = text.count("\n") + 1
+        stub = (
+            f"[Archived output of {name}: {len(text):,} characters, {lines:,} lines, stored as"
+            f" {ref}. Restore it if it is needed again; do not guess its content.]"
+        )
+        return {**message, "content": stub}
+
+    async def _trimmed(self, message: Message, text: str, ctx: StageContext) -> Message | None:
+        short = self._shorter(text)
+        ref = await self._stored(ctx, _original(message))
+        if ref is None:
+            return None
+        note = f"[Trimmed to save space: {len(text):,} characters in full, stored as {ref}.]"
+        return {**message, "content": f"{note}\n{short}"}
+
+    def _shorter(self, text: str) -> str:
+        key = (hash(text), len(text))
+        short = self._shortened.get(key)
+        if short is None:
+            short = self._shortened[key] = self._shorten(text)
+            if len(self._shortened) > _SHORTENED_KEPT:
+                self._shortened.popitem(last=False)
+        return short
+
+    def _shorten(self, text: str) -> str:
+        if text.lstrip()[:1] in _JSON_START:
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                value = None
+            if isinstance(value, list | dict):
+                short = orjson.dumps(trim_json(value)).decode()
+                if len(short) < len(text) // 2:
+                    return short
+        cut = len(text) - self.head_chars - self.tail_chars
+        return (
+            f"{text[: self.head_chars]}\n... [{cut:,} characters cut] ...\n"
+            f"{text[-self.tail_chars :]}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Cuts:
+    soft: int
+    archive: int
+
+
+class _Work:
+    """The bound on new work in one pass."""
+
+    __slots__ = ("archives", "bytes", "stage", "started")
+
+    def __init__(self, stage: TtlPrune, started: float) -> None:
+        self.stage, self.started = stage, started
+        self.archives = self.bytes = 0
+
+    def allows(self, text: str, *, archive: bool) -> bool:
+        stage = self.stage
+        return (
+            (not archive or self.archives < stage.max_archives)
+            and self.bytes + len(text) <= stage.max_bytes
+            and (perf_counter() - self.started) * 1000 < stage.max_ms
+        )
+
+    def done(self, text: str, *, archive: bool) -> None:
+        self.bytes += len(text)
+        self.archives += archive
+
+
+def _protected_from(messages: Sequence[Message], turns: int) -> int:
+    """Index of the first message of the last ``turns`` assistant turns."""
+    seen = 0
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "assistant":
+            seen += 1
+            if seen == turns:
+                return index
+    return 0
+
+
+def _anchor(messages: Sequence[Message]) -> frozenset[int]:
+    """The first user message and the assistant message answering it, with its tool
+    results (the anchor of DESIGN section 4)."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first is None:
+        return frozenset()
+    end = first + 1
+    if end < len(messages) and messages[end].get("role") == "assistant":
+        end += 1
+        while end < len(messages) and messages[end].get("role") == "tool":
+            end += 1
+    return frozenset(range(first, end))
+
+
+def _call_name(messages: Sequence[Message], index: int) -> str:
+    """The tool name behind the tool message at ``index``: its own ``name``, or that of the
+    call it answers in the assistant message before it (call ids may repeat)."""
+    message = messages[index]
+    name = message.get("name")
+    if isinstance(name, str) and name:
+        return name
+    call_id = message.get("tool_call_id")
+    for before in range(index - 1, -1, -1):
+        if messages[before].get("role") == "assistant":
+            for call in messages[before].get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and call.get("id") == call_id:
+                    return str(function.get("name") or "a tool")
+            break
+    return "a tool"
+
+
+def _text(message: Message) -> str | None:
+    if message.get("role") != "tool":
+        return None
+    content: Any = message.get("content")
+    return content if isinstance(content, str) else None
+
+
+def _original(message: Message) -> bytes:
+    content = message["content"]
+    return content.encode() if isinstance(content, str) else orjson.dumps(content)

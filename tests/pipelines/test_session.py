@@ -1,0 +1,62 @@
+"""The conversation record: when the provider's cache counts as cold, and its wire form."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines import ConversationState, conversation_id
+from pipelines.session import cache_status
+
+NOW = 10_000.0
+
+
+def test_a_new_conversation_is_cold() -> None:
+    assert cache_status(None, ttl=300, now=NOW) == (True, "new")
+
+
+def test_within_the_ttl_the_cache_is_hot_and_past_it_cold() -> None:
+    state = ConversationState(last_seen=NOW - 299, calls=3)
+    assert cache_status(state, ttl=300, now=NOW) == (False, "hot")
+    assert cache_status(state, ttl=60, now=NOW) == (True, "expired")
+
+
+@pytest.mark.parametrize(
+    ("calls", "prompt", "cached", "cold"),
+    [
+        (3, 10_000, 500, True),  # stable sample, 5% hits: the provider is not caching
+        (3, 10_000, 3_500, False),  # 35% hits
+        (1, 1_000, 0, False),  # one small call says nothing yet
+        (1, 5_000, 0, True),  # but a big one does
+        (3, 10_000, None, False),  # no feedback: time decides
+    ],
+)
+def test_provider_feedback_can_say_the_cache_is_not_working(
+    calls: int, prompt: int, cached: int | None, cold: bool
+) -> None:
+    state = ConversationState(
+        last_seen=NOW - 10, calls=calls, prompt_tokens=prompt, cached_tokens=cached
+    )
+    assert cache_status(state, ttl=300, now=NOW)[0] is cold
+
+
+def test_answered_reads_openai_usage_and_counts_calls() -> None:
+    usage = {"prompt_tokens": 9_000, "prompt_tokens_details": {"cached_tokens": 8_000}}
+    state = ConversationState(media_cut=2).answered(at=NOW, usage=usage)
+    assert state == ConversationState(
+        last_seen=NOW, calls=1, prompt_tokens=9_000, cached_tokens=8_000, media_cut=2
+    )
+    assert ConversationState.from_json(state.to_json()) == state
+    assert ConversationState.from_json(b'{"calls": 4, "added_later": 1}').calls == 4
+
+
+def test_conversation_identity_follows_system_prompt_first_user_and_namespace() -> None:
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Book a flight."},
+        {"role": "assistant", "content": "Where to?"},
+    ]
+    longer = [*history, {"role": "user", "content": "Paris."}]
+    assert conversation_id("t1", history) == conversation_id("t1", longer)
+    assert conversation_id("t1", history) != conversation_id("t2", history)
+    other = [history[0], {"role": "user", "content": "Book a hotel."}]
+    assert conversation_id("t1", history) != conversation_id("t1", other)
