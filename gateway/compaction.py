@@ -7,6 +7,7 @@ was too long for its window anyway, the same request is compacted again to half 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -14,13 +15,22 @@ from litestar import Request
 
 from gateway.client import read_body
 from gateway.codecs.openai import parse_chat_request
-from gateway.errors import RequestRejectedError
+from gateway.errors import InvalidRequest, RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header
 from gateway.state import Gateway
-from pipelines import CompactResult, Policy, RequestRejected
+from pipelines import CompactResult, ConversationState, Policy, RequestRejected, conversation_id
 from pipelines.budget import BUDGET_FLOOR
 
-__all__ = ["ChatRequest", "compact_request", "is_context_overflow", "recompact"]
+__all__ = [
+    "CONVERSATION_HEADER",
+    "ChatRequest",
+    "compact_request",
+    "is_context_overflow",
+    "recompact",
+]
+
+CONVERSATION_HEADER: Final = "x-contextgate-conversation"
+_CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 
 OVERFLOW_PHRASES: Final = (
     "maximum context length",
@@ -40,6 +50,12 @@ class ChatRequest:
     body: dict[str, Any]
     policy: Policy
     result: CompactResult
+    namespace: str
+    conversation: str
+    """The conversation's identity: the client's ``x-contextgate-conversation`` or a
+    hash of the namespace, system prompt and first user message."""
+    state: ConversationState | None
+    """The conversation's record as it was before this request."""
 
 
 async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
@@ -50,7 +66,11 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     )
     body = parse_chat_request(raw)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
-    return ChatRequest(raw, body, policy, await _compact(gateway, body, policy))
+    namespace = ""
+    conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
+    state = await gateway.conversations.get(namespace, conversation)
+    result = await _compact(gateway, body, policy, state)
+    return ChatRequest(raw, body, policy, result, namespace, conversation, state)
 
 
 async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
@@ -63,7 +83,7 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
     if budget < BUDGET_FLOOR:
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
-    result = await _compact(gateway, chat.body, policy)
+    result = await _compact(gateway, chat.body, policy, chat.state)
     if result.request == chat.result.request:
         return None
     return replace(chat, policy=policy, result=result)
@@ -77,8 +97,23 @@ def is_context_overflow(status: int, body: bytes) -> bool:
     return any(phrase in text for phrase in OVERFLOW_PHRASES)
 
 
-async def _compact(gateway: Gateway, body: dict[str, Any], policy: Policy) -> CompactResult:
+def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:
+    if header is None:
+        return conversation_id(namespace, body["messages"])
+    if not _CONVERSATION_ID.fullmatch(header):
+        raise InvalidRequest(
+            f"{CONVERSATION_HEADER} must be 1-200 characters of letters, digits and"
+            " . _ : @ / + = -",
+            code="invalid_conversation_id",
+            param=CONVERSATION_HEADER,
+        )
+    return "client:" + header
+
+
+async def _compact(
+    gateway: Gateway, body: dict[str, Any], policy: Policy, state: ConversationState | None
+) -> CompactResult:
     try:
-        return await gateway.pipeline.compact(body, policy=policy)
+        return await gateway.pipeline.compact(body, policy=policy, state=state)
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

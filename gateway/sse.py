@@ -13,7 +13,11 @@ from typing import Final
 
 import orjson
 
-__all__ = ["error_event", "sse_events"]
+__all__ = [
+    "error_event",
+    "event_data",
+    "sse_events",
+]
 
 # An event ends at a blank line: two line ends in a row, each of which may be CRLF, LF or
 # a lone CR (the SSE spec allows all three, mixed).
@@ -46,3 +50,10 @@ def error_event(message: str, *, type: str, code: str) -> bytes:
     """A terminal OpenAI-style error event (the openai SDK raises ``APIError`` on it)."""
     body = {"error": {"message": message, "type": type, "param": None, "code": code}}
     return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def event_data(event: bytes) -> bytes:
+    """The data of one event (its ``data:`` lines joined by newlines)."""
+    lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+    return b"\n".join(data)

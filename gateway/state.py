@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import redis.asyncio as aioredis
 
 from gateway.settings import Settings
-from gateway.store import MemoryStore
+from gateway.store import ConversationRecords, MemoryConversations, MemoryStore
 from gateway.upstream import Upstream
-from pipelines import ModelCatalog, Pipeline, Policy
+from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 
 __all__ = ["Gateway", "new_request_id"]
 
@@ -29,7 +30,17 @@ class Gateway:
     pipeline: Pipeline
     upstream: Upstream
     default_policy: Policy
+    conversations: ConversationRecords = field(default_factory=MemoryConversations)
     redis: aioredis.Redis | None = None
+    _writes: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
+        """Store a conversation's record in the background (the answer is not held up)."""
+        task = asyncio.get_running_loop().create_task(
+            self.conversations.put(namespace, conversation, state)
+        )
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     @classmethod
     def build(
@@ -59,6 +70,8 @@ class Gateway:
         gc.freeze()
 
     async def aclose(self) -> None:
+        if self._writes:
+            await asyncio.wait(self._writes, timeout=1.0)
         await self.upstream.aclose()
         if self.redis is not None:
             await self.redis.aclose()

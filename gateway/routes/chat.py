@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import Any
 
+import anyio
 import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
 from gateway.client import while_connected
-from gateway.compaction import compact_request, is_context_overflow, recompact
+from gateway.compaction import ChatRequest, compact_request, is_context_overflow, recompact
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, first_event, is_event_stream, streamed_response
+from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
 from gateway.upstream import upstream_request_headers
 
@@ -39,6 +43,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
         content = orjson.dumps(result.request) if result.changed else chat.raw
+        sent_at = time.time()
         response = await while_connected(
             request.receive,
             upstream.send("POST", "chat/completions", headers=headers, content=content),
@@ -48,6 +53,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
             first = await while_connected(request.receive, first_event(events))
             ours = report_headers(request_id, result.report, own_ms)
             ours["x-contextgate-attempts"] = str(attempt)
+            events = _remembering(gateway, chat, sent_at, first, events)
             return streamed_response(response, first, events, ours, request_id)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         body = await while_connected(request.receive, upstream.read_body(response, limit))
@@ -64,6 +70,54 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
                 chat = smaller
                 continue
         break
+    if response.is_success:
+        gateway.remember(
+            chat.namespace, chat.conversation, result.state.answered(at=sent_at, usage=_usage(body))
+        )
     ours = report_headers(request_id, result.report, own_ms)
     ours["x-contextgate-attempts"] = str(attempt)
     return buffered_response(response, body, ours)
+
+
+async def _remembering(
+    gateway: Gateway,
+    chat: ChatRequest,
+    sent_at: float,
+    first: bytes,
+    events: AsyncIterator[bytes],
+) -> AsyncIterator[bytes]:
+    """``events`` relayed as they are; when the stream ends, however it ends, the
+    conversation's record is stored with the usage of the stream's usage chunk if any."""
+    usage = _usage_event(first)
+    try:
+        async for event in events:
+            if b'"usage"' in event:
+                usage = _usage_event(event) or usage
+            yield event
+    finally:
+        gateway.remember(
+            chat.namespace,
+            chat.conversation,
+            chat.result.state.answered(at=sent_at, usage=usage),
+        )
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with anyio.CancelScope(shield=True):
+                await aclose()
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` of a JSON chat completion, if it has one."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _usage_event(event: bytes) -> dict[str, Any] | None:
+    data = event_data(event)
+    if not data.startswith(b"{"):
+        return None
+    return _usage(data)

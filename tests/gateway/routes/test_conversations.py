@@ -1,0 +1,105 @@
+"""The conversation record through the gateway: rewrites that depend on later messages
+(here the media window) wait while the provider's cache is warm, so the upstream sees a
+stable prefix; a new conversation, or a provider reporting cache misses, moves at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import orjson
+
+from tests.harness import GatewayServer
+from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion
+
+
+def shot(n: int) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{'Q' * 300}{n}"}}
+
+
+def screenshots(count: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Watch the deploy page."}]
+    for n in range(count):
+        call = {"id": f"s{n}", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"s{n}", "content": [shot(n)]})
+    return messages
+
+
+def images_sent(upstream: MockUpstream) -> int:
+    body = upstream.received[-1].json()
+    return orjson.dumps(body["messages"]).count(b'"type":"image_url"')
+
+
+def send(gateway: GatewayServer, count: int, conversation: str, **extra: Any) -> Any:
+    with openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
+        return client.chat.completions.create(
+            model="gpt-4o",
+            messages=screenshots(count),
+            extra_headers={"x-contextgate-conversation": conversation},
+            **extra,
+        )
+
+
+def test_warm_cache_defers_the_media_window_and_keeps_the_prefix(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    upstream.push(JSONReply(chat_completion()), JSONReply(chat_completion()))
+    send(gateway, 4, "deploy-watch-1")
+    assert images_sent(upstream) == 2  # new conversation: the window moves at once
+    first = upstream.received[-1].json()["messages"]
+    send(gateway, 5, "deploy-watch-1")
+    assert images_sent(upstream) == 3  # warm: the third-newest waits for a batch
+    assert upstream.received[-1].json()["messages"][: len(first)] == first
+
+    upstream.push(JSONReply(chat_completion()))
+    send(gateway, 5, "deploy-watch-2")  # another conversation is new, so cold
+    assert images_sent(upstream) == 2
+
+
+def test_reported_cache_misses_count_as_cold(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A streamed answer whose usage says nothing was read from the cache (on a large
+    prompt) makes the next request cold, so the window moves."""
+    usage = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 9_000,
+            "completion_tokens": 3,
+            "total_tokens": 9_003,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+    }
+    text = dict(usage, choices=[{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}])
+    del text["usage"]
+    events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in (text, usage)] + [b"data: [DONE]\n\n"]
+    upstream.push(SSEReply(events), JSONReply(chat_completion()))
+    stream = send(
+        gateway, 4, "deploy-watch-3", stream=True, stream_options={"include_usage": True}
+    )
+    assert [c.usage.prompt_tokens for c in stream if c.usage] == [9_000]
+    send(gateway, 5, "deploy-watch-3")
+    assert images_sent(upstream) == 2
+
+
+def test_a_malformed_conversation_id_is_400(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    with openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
+        try:
+            client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-contextgate-conversation": "two words"},
+            )
+        except openai.BadRequestError as exc:
+            assert exc.code == "invalid_conversation_id"
+            assert "x-contextgate-conversation" in exc.message
+        else:
+            raise AssertionError("accepted a malformed conversation id")
+    assert upstream.received == []
