@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
+from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
@@ -53,8 +54,9 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
 @given(conversations(), st.sampled_from([4_000, 6_000, 12_000]))
 async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> None:
     """Whatever the conversation: the output fits or the request is refused as too large;
-    tool pairs are valid; system prompt and latest user message are unchanged; tokens
-    never grow; every ref restores; the same request gives the same bytes."""
+    tool pairs are valid; the request is a valid CreateChatCompletionRequest; system prompt
+    and latest user message are unchanged; tokens never grow; every ref restores; the same
+    request gives the same bytes."""
     store = MemoryStore()
     pipeline = Pipeline(store=store)
     request = {"model": "gpt-4o", "messages": messages}
@@ -74,6 +76,7 @@ async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> Non
     assert result.report.tokens_after <= result.report.budget
     assert result.report.tokens_after <= result.report.tokens_before
     assert_valid(out)
+    assert_valid_request(result.request)
     assert out[0] == messages[0]
     assert out[-1] == messages[-1]
     for ref in REF.findall(orjson.dumps(out).decode()):

@@ -8,9 +8,11 @@ from typing import Any
 
 import openai
 import orjson
+import pytest
 
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion
+from tests.openai_schema import assert_valid_request
 
 
 def shot(n: int) -> dict[str, Any]:
@@ -26,8 +28,18 @@ def screenshots(count: int) -> list[dict[str, Any]]:
     return messages
 
 
+def without_tool_images(body: dict[str, Any]) -> dict[str, Any]:
+    messages = [
+        {**m, "content": "(image)"} if m["role"] == "tool" and isinstance(m["content"], list) else m
+        for m in body["messages"]
+    ]
+    return {**body, "messages": messages}
+
+
 def images_sent(upstream: MockUpstream) -> int:
     body = upstream.received[-1].json()
+    # screenshots in tool results are not OpenAI input; every other part must be
+    assert_valid_request(without_tool_images(body))
     return orjson.dumps(body["messages"]).count(b'"type":"image_url"')
 
 
@@ -79,27 +91,20 @@ def test_reported_cache_misses_count_as_cold(
     del text["usage"]
     events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in (text, usage)] + [b"data: [DONE]\n\n"]
     upstream.push(SSEReply(events), JSONReply(chat_completion()))
-    stream = send(
-        gateway, 4, "deploy-watch-3", stream=True, stream_options={"include_usage": True}
-    )
+    stream = send(gateway, 4, "deploy-watch-3", stream=True, stream_options={"include_usage": True})
     assert [c.usage.prompt_tokens for c in stream if c.usage] == [9_000]
     send(gateway, 5, "deploy-watch-3")
     assert images_sent(upstream) == 2
 
 
-def test_a_malformed_conversation_id_is_400(
-    gateway: GatewayServer, upstream: MockUpstream
-) -> None:
-    with openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
-        try:
-            client.chat.completions.create(
-                model="gpt-4o",
-                messages=[{"role": "user", "content": "hi"}],
-                extra_headers={"x-contextgate-conversation": "two words"},
-            )
-        except openai.BadRequestError as exc:
-            assert exc.code == "invalid_conversation_id"
-            assert "x-contextgate-conversation" in exc.message
-        else:
-            raise AssertionError("accepted a malformed conversation id")
+def test_a_malformed_conversation_id_is_400(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0)
+    with client, pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-contextgate-conversation": "two words"},
+        )
+    assert caught.value.code == "invalid_conversation_id"
+    assert "x-contextgate-conversation" in caught.value.message
     assert upstream.received == []

@@ -14,6 +14,7 @@ import pytest
 from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected, TokenCounter
+from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
@@ -35,11 +36,12 @@ async def original_of(store: MemoryStore, message: dict[str, Any]) -> dict[str, 
 @pytest.mark.parametrize("max_input", [4_000, 8_000, 16_000])
 async def test_replayed_traces_fit_stay_valid_and_stable(max_input: int) -> None:
     """Replaying tau-bench trajectories turn by turn under a small max-input: every request
-    fits, tool pairs stay valid, the system prompt and latest user message are unchanged,
-    tokens never grow, every ref restores, the same request gives the same bytes, and turn
-    k+1's request starts with turn k's unless the report records a compaction event (a
-    stage moved a cut, compress changed level or cut, an emergency acted). The client is
-    sometimes idle past the cache TTL, so the cache-TTL prune acts too."""
+    fits and is a valid CreateChatCompletionRequest, tool pairs stay valid, the system prompt
+    and latest user message are unchanged, tokens never grow, every ref restores, the same
+    request gives the same bytes, and turn k+1's request starts with turn k's unless the
+    report records a compaction event (a stage moved a cut, compress changed level or cut,
+    an emergency acted). The client is sometimes idle past the cache TTL, so the cache-TTL
+    prune acts too."""
     store = MemoryStore()
     pipeline = Pipeline(store=store)
     policy = Policy(max_input=max_input)
@@ -59,6 +61,7 @@ async def test_replayed_traces_fit_stay_valid_and_stable(max_input: int) -> None
             assert report.tokens_after == counter.count_messages(out)
             assert report.tokens_after <= report.tokens_before
             assert_valid(out)
+            assert_valid_request(result.request)
             assert out[0] == history[0]
             latest_user = max(i for i, m in enumerate(history) if m["role"] == "user")
             assert history[latest_user] in out

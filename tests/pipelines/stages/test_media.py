@@ -11,6 +11,7 @@ import orjson
 from gateway.store import MemoryStore
 from pipelines import ConversationState, Pipeline, Policy
 from pipelines.stages.media import Media
+from tests.openai_schema import assert_stays_valid
 from tests.pipelines.stages.conftest import FailingStore
 
 
@@ -34,9 +35,10 @@ def session() -> list[dict[str, Any]]:
 
 
 async def compact(messages: list[dict[str, Any]], store: Any, **policy: Any) -> Any:
-    return await Pipeline(stages=[Media()], store=store).compact(
-        {"model": "gpt-4o", "messages": messages}, policy=Policy(**policy)
-    )
+    request = {"model": "gpt-4o", "messages": messages}
+    result = await Pipeline(stages=[Media()], store=store).compact(request, policy=Policy(**policy))
+    assert_stays_valid(request, result.request)
+    return result
 
 
 async def test_older_media_offloaded_newest_kept() -> None:

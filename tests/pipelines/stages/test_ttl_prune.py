@@ -12,6 +12,7 @@ import orjson
 from gateway.store import MemoryStore
 from pipelines import CompactResult, ConversationState, Pipeline, Policy
 from pipelines.stages.ttl_prune import TtlPrune
+from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.conftest import FailingStore
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
@@ -46,12 +47,14 @@ async def prune(
     state: ConversationState | None = None,
     **policy: Any,
 ) -> CompactResult:
-    return await Pipeline(stages=[TtlPrune()], store=store).compact(
+    result = await Pipeline(stages=[TtlPrune()], store=store).compact(
         {"model": "gpt-4o", "messages": messages},
         policy=Policy(**policy),
         state=state,
         now=NOW,
     )
+    assert_valid_request(result.request)
+    return result
 
 
 def details(result: CompactResult) -> dict[str, Any]:
