@@ -9,16 +9,10 @@ from typing import Any, Final
 from pipelines.catalog import ModelInfo
 from pipelines.policy import Policy
 
-__all__ = ["BUDGET_FLOOR", "LIGHT", "PREPARE", "PRESSURE", "Budget"]
+__all__ = ["BUDGET_FLOOR", "Budget"]
 
 BUDGET_FLOOR: Final = 4_000
 """No budget is smaller: on a tiny model a percentage threshold would otherwise never fire."""
-PREPARE: Final = 0.40
-"""Utilisation at which a background summary is prepared."""
-LIGHT: Final = 0.50
-"""Utilisation at which light compression (dedup, truncation) starts."""
-PRESSURE: Final = 0.90
-"""Utilisation from which rewrites happen even while the provider's cache is warm."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from pipelines.budget import PREPARE, Budget
+from pipelines.budget import Budget
 from pipelines.catalog import ModelCatalog
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
@@ -118,7 +118,7 @@ class Pipeline:
         budget = Budget.for_request(info, policy, request)
         counter = self.counter(info.encoding)
         tokens = ConversationTokens(counter)
-        threshold = int(min(PREPARE, policy.trigger) * budget.input_tokens)
+        threshold = int(min(policy.prepare, policy.trigger) * budget.input_tokens)
         before = await tokens.first(conversation, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact

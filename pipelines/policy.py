@@ -20,7 +20,10 @@ _MODES: Final = ("summarize", "truncate", "off")
 
 BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
     "max_input": (4_000, 10_000_000),
+    "prepare": (0.05, 1.0),
+    "light": (0.05, 1.0),
     "trigger": (0.05, 1.0),
+    "emergency": (0.05, 1.0),
     "target": (0.05, 1.0),
     "tail_ratio": (0.0, 0.9),
     "keep_images": (0, 100),
@@ -43,8 +46,17 @@ class Policy:
     (hygiene only)."""
     max_input: int | None = None
     """Caps the input budget below the model's window (cost control); ``None``: no cap."""
+    prepare: float = 0.40
+    """Utilisation at which a background summary is prepared (the request is not held);
+    never above ``trigger`` in effect."""
+    light: float = 0.50
+    """Utilisation at which light compression (deduplication) starts; never above
+    ``trigger`` in effect."""
     trigger: float = 0.70
     """Utilisation at which full compaction starts."""
+    emergency: float = 0.90
+    """Utilisation from which only deterministic steps run and rewrites that wait for a
+    cold cache (the media window) happen anyway; never below ``trigger`` in effect."""
     target: float = 0.45
     """Utilisation compaction aims for."""
     tail_ratio: float = 0.20
@@ -118,7 +130,10 @@ def _wire(name: str) -> str:
 _FIELD_TYPES: Final[Mapping[str, type]] = {
     "mode": str,
     "max_input": int,
+    "prepare": float,
+    "light": float,
     "trigger": float,
+    "emergency": float,
     "target": float,
     "tail_ratio": float,
     "keep_images": int,

@@ -13,7 +13,8 @@ each a function of the messages before a point, never of the ones after it:
    cut that brings the request under ``trigger``; as the history grows the cut stays put,
    and the next one is only taken after another grid step of growth, which leaves the
    request near ``target`` again. So compaction events are rare and between them the
-   outgoing prefix does not change.
+   outgoing prefix does not change. A cut that would save less than the room left under
+   the budget (clamped to 500-3,000 tokens) is not taken while the request fits.
 3. **Span**: inside the span, user messages are kept whole, final answers are kept (long
    ones shortened) while they fit the span's share of the budget, oldest dropped first, and
    tool-call groups and interim assistant text are removed; each removed run becomes one
@@ -38,7 +39,6 @@ from typing import Final
 
 import orjson
 
-from pipelines.budget import LIGHT
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.groups import ANSWER, Group, protect, split_groups
@@ -49,6 +49,10 @@ from pipelines.stage import StageContext
 __all__ = ["Compress"]
 
 _DEDUP_MIN_CHARS: Final = 200
+MAX_MIN_SAVING: Final = 3_000
+MIN_SAVING_FLOOR: Final = 500
+"""A cut must save at least the room left under the budget, clamped to these tokens (so
+less is asked as room shrinks), unless the request is over the budget."""
 
 
 class _NoStore(Exception):
@@ -65,7 +69,10 @@ class Compress:
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         policy, budget = ctx.policy, ctx.budget.input_tokens
-        if policy.mode == "off" or ctx.tokens(conversation) < LIGHT * budget:
+        if (
+            policy.mode == "off"
+            or ctx.tokens(conversation) < min(policy.light, policy.trigger) * budget
+        ):
             return conversation
         if ctx.store is None:
             ctx.record(skipped="no store")
@@ -156,6 +163,12 @@ class Compress:
             if tokens <= limit:
                 break
         if best is conversation:
+            return conversation
+        saving = start_tokens - best_tokens
+        minimum = min(MAX_MIN_SAVING, max(MIN_SAVING_FLOOR, budget - start_tokens))
+        if saving < minimum and start_tokens <= budget:
+            # Not worth breaking the cached prefix for; the next turns will save more.
+            ctx.record(skipped_saving=saving, minimum_saving=minimum)
             return conversation
         ctx.record(cut=best_cut, span_start=span_groups[0].start)
         return best
@@ -267,17 +280,20 @@ class Compress:
                 for i, m in enumerate(messages)
                 if m.get("role") in ("tool", "assistant", "user")
                 and i != latest_user
-                and isinstance(m.get("content"), str)
+                and (isinstance(m.get("content"), str) or m.get("tool_calls"))
             ),
             key=lambda i: (-size(messages[i]), i),
         )
         shortened = 0
-        # Ever shorter: a long preview, a short one, then the ref alone.
+        # Ever shorter: a long preview, a short one, then the ref alone; tool-call
+        # arguments have their long strings cut first and stay valid JSON.
         for keep in (self.keep_chars, self.keep_chars // 3, 0):
             for index in candidates:
                 if ctx.tokens(conversation.with_messages(messages)) <= budget:
                     break
                 shorter = await self._shortened(messages[index], ctx, keep)
+                if shorter.get("tool_calls"):
+                    shorter = await self._shrunk_arguments(shorter, ctx)
                 if shorter is not messages[index]:
                     messages[index] = shorter
                     shortened += 1
@@ -285,6 +301,59 @@ class Compress:
             return conversation
         ctx.record(emergency_shortened=shortened)
         return conversation.with_messages(messages)
+
+    async def _shrunk_arguments(self, message: Message, ctx: StageContext) -> Message:
+        """``message`` with every string over ``ARGUMENT_CHARS`` in its tool calls'
+        arguments cut to its head and tail, the arguments still valid JSON; the original
+        calls stored first, their ref in each cut."""
+        calls = message["tool_calls"]
+        if not isinstance(calls, list) or not any(
+            len(_arguments(call)) > ARGUMENT_CHARS for call in calls
+        ):
+            return message
+        ref: str | None = None
+        shrunk = []
+        for call in calls:
+            arguments = _arguments(call)
+            try:
+                value = orjson.loads(arguments) if len(arguments) > ARGUMENT_CHARS else None
+            except orjson.JSONDecodeError:
+                value = None
+            if value is None:
+                shrunk.append(call)
+                continue
+            if ref is None:
+                ref = await self._store(ctx, orjson.dumps(calls))
+            short = orjson.dumps(_cut_strings(value, ref)).decode()
+            shrunk.append({**call, "function": {**call["function"], "arguments": short}})
+        if ref is None:
+            return message
+        return {**message, "tool_calls": shrunk}
+
+
+ARGUMENT_CHARS: Final = 500
+"""Strings in tool-call arguments longer than this are cut in an emergency."""
+_ARGUMENT_HEAD, _ARGUMENT_TAIL = 200, 50
+
+
+def _arguments(call: object) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    return arguments if isinstance(arguments, str) else ""
+
+
+def _cut_strings(value: object, ref: str) -> object:
+    if isinstance(value, str) and len(value) > ARGUMENT_CHARS:
+        cut = len(value) - _ARGUMENT_HEAD - _ARGUMENT_TAIL
+        return (
+            f"{value[:_ARGUMENT_HEAD]}...[{cut:,} characters cut; the original call is stored"
+            f" as {ref}]...{value[-_ARGUMENT_TAIL:]}"
+        )
+    if isinstance(value, dict):
+        return {key: _cut_strings(item, ref) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(item, ref) for item in value]
+    return value
 
 
 def _span(groups: list[Group], protected: frozenset[int], tail_start: int) -> list[Group]:

@@ -23,7 +23,6 @@ from typing import Any, Final
 
 import orjson
 
-from pipelines.budget import PRESSURE
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
@@ -83,7 +82,10 @@ class Media:
             # Pressure is judged on what would be sent without moving the window: judged on
             # the raw history it would hold on every turn and move the window every turn.
             current = conversation.with_messages(rewritten) if refs else conversation
-            if ctx.tokens(current) >= PRESSURE * ctx.budget.input_tokens:
+            if (
+                ctx.tokens(current)
+                >= max(ctx.policy.emergency, ctx.policy.trigger) * ctx.budget.input_tokens
+            ):
                 failures += await self._strip(messages, bearing[cut:window], rewritten, refs, ctx)
                 cut = window
             else:

@@ -9,12 +9,16 @@ from pipelines.policy import Policy
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """The built-in policy is DESIGN's: summarize, 0.70/0.45, tail 0.20, 2 images, ..."""
+    """The built-in policy is DESIGN's: summarize, thresholds 0.40/0.50/0.70/0.90, target
+    0.45, tail 0.20, 2 images, ..."""
     policy = Policy()
     assert policy.as_wire() == {
         "mode": "summarize",
         "max-input": None,
+        "prepare": 0.40,
+        "light": 0.50,
         "trigger": 0.70,
+        "emergency": 0.90,
         "target": 0.45,
         "tail-ratio": 0.20,
         "keep-images": 2,
@@ -62,3 +66,30 @@ def test_bad_values_name_the_key(values: dict[str, object], key: str, fragment: 
     with pytest.raises(PolicyError, match=fragment) as caught:
         Policy.from_mapping(values)
     assert caught.value.key == key
+
+
+async def test_the_light_threshold_is_tunable() -> None:
+    """Deduplication starts at ``light``: a conversation at 60% of its budget is left
+    alone with light=0.65 and deduplicated with the default 0.50."""
+    from gateway.store import MemoryStore
+    from pipelines import Pipeline
+    from pipelines.stages.compress import Compress
+
+    output = "the same long listing of flights " * 20
+    messages: list[dict[str, object]] = [{"role": "user", "content": "List flights twice."}]
+    for n in range(2):
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": output},
+        ]
+    pipeline = Pipeline(stages=[Compress()], store=MemoryStore())
+    request = {"model": "gpt-4o", "messages": messages}
+    tokens = (await pipeline.compact(request, policy=Policy(mode="off"))).report.tokens_before
+    budget = max(4_000, int(tokens / 0.6))
+    messages[0]["content"] = "List flights twice. " + "Please. " * int((0.6 * budget - tokens) / 2)
+    default = await pipeline.compact(request, policy=Policy(max_input=budget))
+    later = await pipeline.compact(request, policy=Policy(max_input=budget, light=0.65))
+    assert 0.5 < default.report.tokens_before / budget < 0.65
+    assert default.report.stages[0].details.get("duplicates") == 1
+    assert not later.changed

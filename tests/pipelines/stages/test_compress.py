@@ -14,6 +14,7 @@ import pytest
 from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected, TokenCounter
+from pipelines.stages.compress import Compress
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
@@ -130,3 +131,73 @@ async def test_without_a_store_nothing_is_removed() -> None:
         await Pipeline().compact(
             {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000)
         )
+
+
+async def test_huge_tool_call_arguments_are_cut_and_stay_valid_json() -> None:
+    """In an emergency, a tool call carrying a whole file in its arguments keeps its
+    shape: the arguments parse, short fields are untouched, the long one keeps its head
+    and tail and names the ref of the original calls, which restores them exactly."""
+    text = "".join(f"line {i}: print('value {i}')\n" for i in range(3_000))
+    call = {
+        "id": "call_w",
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "arguments": orjson.dumps({"path": "src/app.py", "content": text}).decode(),
+        },
+    }
+    history = [
+        {"role": "system", "content": "You edit files."},
+        {"role": "user", "content": "Write the app."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_w", "content": "written"},
+    ]
+    store = MemoryStore()
+    result = await Pipeline(store=store).compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000)
+    )
+    assert result.report.tokens_after <= 4_000
+    sent = result.request["messages"][2]["tool_calls"][0]
+    assert sent["id"] == "call_w"
+    arguments = orjson.loads(sent["function"]["arguments"])
+    assert arguments["path"] == "src/app.py"
+    assert arguments["content"].startswith(text[:200])
+    assert arguments["content"].endswith(text[-50:])
+    ref = REF.search(arguments["content"]).group()  # type: ignore[union-attr]
+    assert orjson.loads(await store.get("", ref)) == [call]  # type: ignore[arg-type]
+    assert_valid(result.request["messages"])
+    assert_valid_request(result.request)
+
+
+async def test_a_cut_saving_less_than_the_room_left_waits() -> None:
+    """Just over the trigger with room left under the budget, a cut that would save less
+    than that room is not worth breaking the cached prefix: the request goes as it is.
+    Closer to the budget, the same cut is taken."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You look things up."},
+        {"role": "user", "content": "Find order 1."},
+        {"role": "assistant", "content": "Looking."},
+    ]
+    for n in range(40):
+        call = {
+            "id": f"c{n}",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": "{}"},
+        }
+        history.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        history.append({"role": "tool", "tool_call_id": f"c{n}", "content": f"row {n} " * 60})
+    history.append({"role": "user", "content": "And order 2?"})
+    pipeline = Pipeline(stages=[Compress()], store=MemoryStore())
+    request = {"model": "gpt-4o", "messages": history}
+    tokens = (await pipeline.compact(request, policy=Policy(mode="off"))).report.tokens_before
+
+    def details(result: Any) -> dict[str, Any]:
+        return next(s.details for s in result.report.stages if s.name == "compress")
+
+    roomy = await pipeline.compact(request, policy=Policy(max_input=int(tokens / 0.72)))
+    assert details(roomy)["level"] == "full"
+    assert details(roomy)["skipped_saving"] < details(roomy)["minimum_saving"]
+    assert "compress" not in roomy.report.actions
+    tight = await pipeline.compact(request, policy=Policy(max_input=int(tokens / 0.88)))
+    assert "cut" in details(tight)
+    assert tight.report.tokens_after < tokens
