@@ -9,6 +9,7 @@ import orjson
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
 from tests.openai_schema import assert_valid_request
@@ -83,3 +84,37 @@ async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> Non
         assert await store.get("", ref) is not None
     again = await pipeline.compact(request, policy=policy)
     assert orjson.dumps(again.request) == orjson.dumps(result.request)
+
+
+@given(
+    conversations(),
+    st.sampled_from([4_000, 8_000]),
+    st.lists(st.sampled_from([5.0, 5.0, 5.0, 900.0]), min_size=40, max_size=40),
+)
+async def test_prefix_stable_between_events(
+    messages: list[dict[str, Any]], max_input: int, gaps: list[float]
+) -> None:
+    """Replayed turn by turn as a client sends it (the record carried, sometimes idle past
+    the cache TTL): each outgoing request starts with the previous one unless its report
+    records a compaction event, and every request fits and stays valid."""
+    pipeline = Pipeline(store=MemoryStore())
+    session = Session(pipeline, Policy(max_input=max_input, filter_tokens=3_000))
+    previous = None
+    events = 0
+    for turn, history in enumerate(requests_of(messages)):
+        try:
+            result = await session.send(history, after=gaps[turn % len(gaps)])
+        except RequestRejected:
+            previous = None
+            continue
+        out = result.request["messages"]
+        assert result.report.tokens_after <= result.report.budget
+        assert_valid(out)
+        if previous is not None:
+            before_out, before_report = previous
+            if result.report.is_event_after(before_report):
+                events += 1
+            else:
+                assert out[: len(before_out)] == before_out
+        previous = (out, result.report)
+    event(f"events: {min(events, 3)}")
