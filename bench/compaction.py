@@ -269,9 +269,9 @@ def main() -> None:
     for budget in (4_000, 8_000):
         tallies, times = asyncio.run(replay(trajectories, budget))
         lines += table(f"max-input {budget:,} tokens", tallies, times)
-    tallies, times = asyncio.run(replay(trajectories, 16_000, pause_every=5))
+    tallies, times = asyncio.run(replay(trajectories, 8_000, pause_every=5))
     lines += table(
-        "max-input 16,000 tokens, the user away 15 minutes before every 5th request (every"
+        "max-input 8,000 tokens, the user away 15 minutes before every 5th request (every"
         " cache lapses; contextgate's cache-TTL prune acts)",
         tallies,
         times,
