@@ -48,7 +48,7 @@ async def test_replayed_traces_fit_stay_valid_and_stable(max_input: int) -> None
     policy = Policy(max_input=max_input)
     counter = TokenCounter()
     events = 0
-    for trajectory in json.loads(TRACES.read_text())[:60]:
+    for trajectory in json.loads(TRACES.read_text()):
         previous: tuple[list[dict[str, Any]], Any] | None = None
         session = Session(pipeline, policy)
         for turn, history in enumerate(requests_of(trajectory["traj"])):
