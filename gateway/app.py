@@ -16,6 +16,7 @@ from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.health import healthz, readyz
 from gateway.routes.models import list_models
+from gateway.routes.objects import get_object
 from gateway.settings import Settings, load_settings
 from gateway.state import Gateway
 
@@ -70,7 +71,14 @@ def create_app(
         await gateway.aclose()
 
     app = Litestar(
-        route_handlers=[chat_completions, compact_dry_run, list_models, healthz, readyz],
+        route_handlers=[
+            chat_completions,
+            compact_dry_run,
+            get_object,
+            list_models,
+            healthz,
+            readyz,
+        ],
         exception_handlers={
             GatewayError: _on_gateway_error,
             HTTPException: _on_http_error,

@@ -8,6 +8,7 @@ was too long for its window anyway, the same request is compacted again to half 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -24,6 +25,7 @@ from pipelines.budget import BUDGET_FLOOR
 __all__ = [
     "CONVERSATION_HEADER",
     "ChatRequest",
+    "caller_credential",
     "compact_request",
     "is_context_overflow",
     "recompact",
@@ -66,10 +68,10 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     )
     body = parse_chat_request(raw)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
-    namespace = ""
+    namespace = await gateway.stores.namespace_of(caller_credential(request.headers))
     conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
-    state = await gateway.conversations.get(namespace, conversation)
-    result = await _compact(gateway, body, policy, state)
+    state = await gateway.stores.conversations.get(namespace, conversation)
+    result = await _compact(gateway, body, policy, state, namespace)
     return ChatRequest(raw, body, policy, result, namespace, conversation, state)
 
 
@@ -83,7 +85,7 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
     if budget < BUDGET_FLOOR:
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
-    result = await _compact(gateway, chat.body, policy, chat.state)
+    result = await _compact(gateway, chat.body, policy, chat.state, chat.namespace)
     if result.request == chat.result.request:
         return None
     return replace(chat, policy=policy, result=result)
@@ -95,6 +97,15 @@ def is_context_overflow(status: int, body: bytes) -> bool:
         return False
     text = body[:4096].decode("utf-8", "replace").lower()
     return any(phrase in text for phrase in OVERFLOW_PHRASES)
+
+
+def caller_credential(headers: Mapping[str, str]) -> str | None:
+    """The upstream key the caller presents: ``Authorization: Bearer``, or ``x-api-key``."""
+    authorization = headers.get("authorization")
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else authorization
+    return headers.get("x-api-key") or None
 
 
 def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:
@@ -111,9 +122,13 @@ def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> s
 
 
 async def _compact(
-    gateway: Gateway, body: dict[str, Any], policy: Policy, state: ConversationState | None
+    gateway: Gateway,
+    body: dict[str, Any],
+    policy: Policy,
+    state: ConversationState | None,
+    namespace: str,
 ) -> CompactResult:
     try:
-        return await gateway.pipeline.compact(body, policy=policy, state=state)
+        return await gateway.pipeline.compact(body, policy=policy, state=state, namespace=namespace)
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

@@ -21,7 +21,7 @@ import yaml
 
 from pipelines import ModelInfo, Policy, PolicyError
 
-__all__ = ["ConfigError", "Settings", "UpstreamSettings", "load_settings"]
+__all__ = ["ConfigError", "Settings", "StoreSettings", "UpstreamSettings", "load_settings"]
 
 
 class ConfigError(ValueError):
@@ -75,6 +75,36 @@ class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     base_url: str = "https://api.anthropic.com"
 
 
+class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The offload store (Redis when ``redis_url`` is set, else memory)."""
+
+    secret: str | None = None
+    """Key of the refs' HMAC, shared by every replica (``CONTEXTGATE_STORE_SECRET``); at
+    least 32 characters. ``None``: one is created in Redis on first start (or, in memory,
+    per process)."""
+    timeout: float = 0.25
+    """Seconds one store operation may take before the request goes on without it."""
+    max_object_bytes: int = 16 * 1024 * 1024
+    """Largest object stored; larger content stays where it is."""
+    memory_max_bytes: int = 256 * 1024 * 1024
+    """Bytes the in-memory store may hold."""
+    breaker_failures: int = 3
+    """Consecutive failures after which the store is not asked for ``breaker_cooldown``."""
+    breaker_cooldown: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.secret is not None and len(self.secret) < 32:
+            raise ConfigError("store.secret must be at least 32 characters")
+        if not 0 < self.timeout <= 30:
+            raise ConfigError("store.timeout must be in (0, 30] seconds")
+        if not 1_024 <= self.max_object_bytes <= 512 * 1024 * 1024:
+            raise ConfigError("store.max_object_bytes must be between 1 KiB and 512 MiB")
+        if self.memory_max_bytes < self.max_object_bytes:
+            raise ConfigError("store.memory_max_bytes must be at least max_object_bytes")
+        if self.breaker_failures < 1 or self.breaker_cooldown <= 0:
+            raise ConfigError("store.breaker_failures must be >= 1, breaker_cooldown > 0")
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the gateway is configured with."""
 
@@ -82,6 +112,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     anthropic: AnthropicSettings = msgspec.field(default_factory=AnthropicSettings)
     redis_url: str | None = None
     """Redis for the offload store and conversation records; ``None``: in memory."""
+    store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
     models: tuple[ModelInfo, ...] = ()
@@ -150,6 +181,7 @@ def load_settings(
         ("upstream", "base_url"): env.get("CONTEXTGATE_UPSTREAM_BASE_URL"),
         ("anthropic", "base_url"): env.get("CONTEXTGATE_ANTHROPIC_BASE_URL"),
         ("redis_url",): env.get("REDIS_URL"),
+        ("store", "secret"): env.get("CONTEXTGATE_STORE_SECRET"),
     }
     for keys, value in overrides.items():
         if value:
@@ -163,9 +195,10 @@ def load_settings(
     # An unset ${VAR:-} leaves an empty string: for optional settings that means "not set".
     if data.get("redis_url") == "":
         data["redis_url"] = None
-    upstream = data.get("upstream")
-    if isinstance(upstream, dict) and upstream.get("api_key") == "":
-        upstream["api_key"] = None
+    for section, key in (("upstream", "api_key"), ("store", "secret")):
+        part = data.get(section)
+        if isinstance(part, dict) and part.get(key) == "":
+            part[key] = None
     try:
         settings = msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:

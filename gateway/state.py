@@ -8,10 +8,9 @@ import secrets
 from dataclasses import dataclass, field
 
 import httpx
-import redis.asyncio as aioredis
 
 from gateway.settings import Settings
-from gateway.store import ConversationRecords, MemoryConversations, MemoryStore
+from gateway.store import Stores
 from gateway.upstream import Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 
@@ -30,14 +29,13 @@ class Gateway:
     pipeline: Pipeline
     upstream: Upstream
     default_policy: Policy
-    conversations: ConversationRecords = field(default_factory=MemoryConversations)
-    redis: aioredis.Redis | None = None
+    stores: Stores
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
         """Store a conversation's record in the background (the answer is not held up)."""
         task = asyncio.get_running_loop().create_task(
-            self.conversations.put(namespace, conversation, state)
+            self.stores.conversations.put(namespace, conversation, state)
         )
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
@@ -47,17 +45,13 @@ class Gateway:
         cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> Gateway:
         catalog = ModelCatalog().extended(settings.models)
-        redis = None
-        if settings.redis_url:
-            redis = aioredis.Redis.from_url(
-                settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5
-            )
+        stores = Stores.build(settings)
         return cls(
             settings=settings,
-            pipeline=Pipeline(catalog=catalog, store=MemoryStore()),
+            pipeline=Pipeline(catalog=catalog, store=stores.objects),
             upstream=Upstream(settings.upstream, transport=transport),
             default_policy=settings.default_policy(),
-            redis=redis,
+            stores=stores,
         )
 
     def warm(self) -> None:
@@ -73,5 +67,4 @@ class Gateway:
         if self._writes:
             await asyncio.wait(self._writes, timeout=1.0)
         await self.upstream.aclose()
-        if self.redis is not None:
-            await self.redis.aclose()
+        await self.stores.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -64,19 +65,26 @@ class GatewayServer:
         self._sock.close()
 
 
-@contextlib.contextmanager
-def private_redis() -> Iterator[str]:
-    """A redis-server of our own on a free port, gone afterwards."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server is not on PATH; install it or set REDIS_URL")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as workdir:
-        process = subprocess.Popen(
+class RedisServer:
+    """A redis-server of our own on a free port, which a test may kill, pause, resume
+    and start again (on the same port, empty, as after a crash without persistence)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not on PATH; install it or set REDIS_URL")
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._workdir = tempfile.TemporaryDirectory()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
             [
-                binary,
+                self.binary,
                 "--port",
-                str(port),
+                str(self.port),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -84,26 +92,60 @@ def private_redis() -> Iterator[str]:
                 "--appendonly",
                 "no",
                 "--dir",
-                workdir,
+                self._workdir.name,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    break
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            process.terminate()
-            process.wait(10)
+        deadline = time.monotonic() + 10
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: gone at once, everything it held lost."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            self.process.wait(10)
+        self._workdir.cleanup()
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[str]:
+    """A redis-server of our own on a free port, gone afterwards."""
+    with redis_server() as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 def redis_from_env() -> str | None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
-from redis.exceptions import RedisError
 
 from gateway.state import Gateway
 
@@ -27,13 +25,7 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Ready to serve. A configured Redis that does not answer makes the gateway
     ``degraded`` (it still serves, keeping content rather than offloading it), not unready."""
     gateway: Gateway = request.app.state.gateway
-    store = "memory"
-    status = "ready"
-    if gateway.redis is not None:
-        try:
-            await asyncio.wait_for(gateway.redis.ping(), timeout=1.0)
-            store = "redis"
-        except (RedisError, OSError, TimeoutError):
-            store, status = "redis-unreachable", "degraded"
+    store = await gateway.stores.status()
+    status = "degraded" if store == "redis-unreachable" else "ready"
     body = f'{{"status":"{status}","store":"{store}"}}'.encode()
     return ASGIResponse(body=body, media_type=_JSON)

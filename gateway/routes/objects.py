@@ -1,0 +1,86 @@
+"""``GET /v1/context/objects/{ref}``: an offloaded object, whole or a range of its lines.
+
+The caller is placed in a namespace exactly as on the chat routes (its key), so a ref is
+only found by callers of the namespace that wrote it; any other ref, and anything that is
+not a ref, is a 404. ``start_line`` and ``end_line`` (1-based, inclusive) select lines;
+the object's total size and line count are in ``x-contextgate-object-bytes`` and
+``x-contextgate-object-lines`` either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+from litestar.response.base import ASGIResponse
+
+from gateway.compaction import caller_credential
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.state import Gateway, new_request_id
+from gateway.store import REF_PATTERN
+from pipelines import StoreError
+
+__all__ = ["get_object", "line_range"]
+
+
+class StoreUnavailable(GatewayError):
+    status = 503
+    type = "api_error"
+    default_code = "store_unavailable"
+
+
+@get("/v1/context/objects/{ref:str}")
+async def get_object(request: Request[Any, Any, Any], ref: str) -> ASGIResponse:
+    request_id = request.state.request_id = new_request_id()
+    gateway: Gateway = request.app.state.gateway
+    start = _line_param(request.query_params.get("start_line"), "start_line")
+    end = _line_param(request.query_params.get("end_line"), "end_line")
+    if start is not None and end is not None and end < start:
+        raise InvalidRequest(
+            f"end_line ({end}) is before start_line ({start})",
+            code="invalid_range",
+            param="end_line",
+        )
+    if not REF_PATTERN.fullmatch(ref):
+        raise NotFound(f"No object {ref!r}.", param="ref")
+    namespace = await gateway.stores.namespace_of(caller_credential(request.headers))
+    try:
+        content = await gateway.stores.objects.get(namespace, ref)
+    except StoreError as exc:
+        raise StoreUnavailable(f"The offload store is unavailable: {exc}") from exc
+    if content is None:
+        raise NotFound(f"No object {ref!r} (it may have expired).", param="ref")
+    lines = len(content.splitlines())
+    headers = {
+        "x-contextgate-request-id": request_id,
+        "x-contextgate-object-bytes": str(len(content)),
+        "x-contextgate-object-lines": str(lines),
+    }
+    body = content
+    if start is not None or end is not None:
+        first, last = start or 1, min(end or lines, lines)
+        body = line_range(content, first, last)
+        headers["x-contextgate-object-range"] = f"lines={first}-{last}" if first <= last else ""
+    try:
+        body.decode()
+        media_type = "text/plain; charset=utf-8"
+    except UnicodeDecodeError:
+        media_type = "application/octet-stream"
+    return ASGIResponse(body=body, media_type=media_type, headers=headers)
+
+
+def line_range(content: bytes, first: int, last: int) -> bytes:
+    """Lines ``first`` to ``last`` (1-based, inclusive) of ``content``, with their ends."""
+    if first > last:
+        return b""
+    return b"".join(content.splitlines(keepends=True)[first - 1 : last])
+
+
+def _line_param(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InvalidRequest(
+            f"{name} must be a whole number from 1, got {value!r}", code="invalid_range", param=name
+        )
+    return int(value)

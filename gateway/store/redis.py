@@ -1,0 +1,240 @@
+"""The Redis backend: offloaded objects and conversation records shared by every replica.
+
+Every operation is bounded by ``store.timeout`` (socket timeouts, no client retries, and an
+``asyncio`` deadline around the call), so a slow or dead Redis costs a request at most
+that long. After ``breaker_failures`` failures in a row a circuit breaker stops asking
+for ``breaker_cooldown`` seconds, then lets one request try; while it is open, writes fail
+at once (stages keep content in place) and reads find nothing.
+
+Keys (Redis Cluster and Valkey compatible):
+
+- ``cg:o:<namespace id>:<ref>``: an object; one byte of format (``r`` raw, ``z`` zlib) and
+  the bytes. Objects are read and written one at a time, so they carry no hash tag and
+  spread over the cluster.
+- ``cg:{c:<namespace id>:<conversation>}:state``: a conversation's record, under a hash
+  tag so that what later goes with it (its summary lock and checkpoints) lands in the same
+  slot.
+- ``cg:secret``: the refs' HMAC key when the configuration gives none: created once by
+  whichever replica gets there first (``SET NX``), read by the others.
+
+A write is acknowledged by Redis before its ref is returned. An object already stored
+(a resent history brings the same content back every turn) has its TTL renewed with
+``EXPIRE``, which also confirms it is still there; only when it is not is it sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from gateway.settings import StoreSettings
+from gateway.store.refs import make_ref
+from pipelines import ConversationState, StoreError
+
+__all__ = ["CircuitBreaker", "RedisBackend", "RedisConversations", "RedisStore"]
+
+T = TypeVar("T")
+
+SECRET_KEY: Final = "cg:secret"
+_RAW, _ZLIB = b"r", b"z"
+_KNOWN_REFS: Final = 65_536
+_RECORD_TTL: Final = 86_400
+
+
+class CircuitBreaker:
+    """Closed, then open for ``cooldown`` seconds after ``failures`` failures in a row, then
+    half-open: one call is let through, and its outcome closes or reopens the circuit."""
+
+    __slots__ = ("_clock", "_failures", "_opened_at", "_trial", "cooldown", "failures")
+
+    def __init__(
+        self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.failures, self.cooldown, self._clock = failures, cooldown, clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._trial = False
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        return "half-open" if self._clock() - self._opened_at >= self.cooldown else "open"
+
+    def allow(self) -> bool:
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "half-open" and not self._trial:
+            self._trial = True
+            return True
+        return False
+
+    def success(self) -> None:
+        self._failures, self._opened_at, self._trial = 0, None, False
+
+    def failure(self) -> None:
+        self._failures += 1
+        self._trial = False
+        if self._opened_at is not None or self._failures >= self.failures:
+            self._opened_at = self._clock()
+
+
+class RedisBackend:
+    """The Redis client, its deadline and circuit breaker, and the shared secret."""
+
+    __slots__ = ("_secret", "_secret_lock", "breaker", "client", "failures", "settings")
+
+    def __init__(self, url: str, settings: StoreSettings) -> None:
+        self.settings = settings
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=settings.timeout,
+            socket_connect_timeout=settings.timeout,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown)
+        self.failures = 0
+        """Operations that failed (timeouts, refused connections, errors) or were refused
+        by the open circuit."""
+        self._secret = settings.secret.encode() if settings.secret else None
+        self._secret_lock = asyncio.Lock()
+
+    async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """``operation`` within the deadline and the breaker; ``StoreError`` otherwise."""
+        if not self.breaker.allow():
+            self.failures += 1
+            raise StoreError("the store is unavailable (circuit open)")
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                result = await operation()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.breaker.failure()
+            self.failures += 1
+            raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
+        self.breaker.success()
+        return result
+
+    async def secret(self) -> bytes:
+        """The refs' HMAC key: configured, or shared through Redis."""
+        if self._secret is not None:
+            return self._secret
+        async with self._secret_lock:
+            if self._secret is None:
+                mine = secrets.token_urlsafe(32).encode()
+
+                async def fetch() -> bytes | None:
+                    async with self.client.pipeline(transaction=False) as pipe:
+                        pipe.set(SECRET_KEY, mine, nx=True)
+                        pipe.get(SECRET_KEY)
+                        _, value = await pipe.execute()
+                    return value if isinstance(value, bytes) else None
+
+                found = await self.run(fetch)
+                if not found:
+                    raise StoreError("the store holds no secret")
+                self._secret = found
+        return self._secret
+
+    async def ping(self) -> bool:
+        try:
+            await self.run(self.client.ping)
+        except StoreError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def namespace_id(namespace: str) -> str:
+    """A short, fixed-length form of a namespace for keys."""
+    return hashlib.blake2b(namespace.encode(), digest_size=12).hexdigest()
+
+
+class RedisStore:
+    """``pipelines.OffloadStore`` on Redis."""
+
+    __slots__ = ("_known", "backend", "compress_over")
+
+    def __init__(self, backend: RedisBackend, *, compress_over: int = 10_240) -> None:
+        self.backend, self.compress_over = backend, compress_over
+        self._known: OrderedDict[str, None] = OrderedDict()
+        """Keys this process stored: for those, renewing the TTL comes first."""
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        cap = self.backend.settings.max_object_bytes
+        if len(content) > cap:
+            raise StoreError(f"object of {len(content):,} bytes is over the {cap:,} cap")
+        ref = make_ref(await self.backend.secret(), namespace, content)
+        key = f"cg:o:{namespace_id(namespace)}:{ref}"
+        client = self.backend.client
+        if key in self._known and await self.backend.run(lambda: client.expire(key, ttl)):
+            self._known.move_to_end(key)
+            return ref
+        compressed = len(content) > self.compress_over
+        payload = _ZLIB + zlib.compress(content, 6) if compressed else _RAW + content
+
+        async def store() -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set(key, payload, ex=ttl, nx=True)
+                pipe.expire(key, ttl)  # renews it if it was already there
+                await pipe.execute()
+
+        await self.backend.run(store)
+        self._known[key] = None
+        if len(self._known) > _KNOWN_REFS:
+            self._known.popitem(last=False)
+        return ref
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        key = f"cg:o:{namespace_id(namespace)}:{ref}"
+        client = self.backend.client
+        stored = await self.backend.run(lambda: client.get(key))
+        if not isinstance(stored, bytes) or not stored:
+            return None
+        kind, body = stored[:1], stored[1:]
+        return zlib.decompress(body) if kind == _ZLIB else body
+
+
+class RedisConversations:
+    """Conversation records on Redis; a record that cannot be read counts as absent, one
+    that cannot be written is dropped (the conversation is then treated as cold)."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: RedisBackend) -> None:
+        self.backend = backend
+
+    @staticmethod
+    def key(namespace: str, conversation: str) -> str:
+        return f"cg:{{c:{namespace_id(namespace)}:{conversation}}}:state"
+
+    async def get(self, namespace: str, conversation: str) -> ConversationState | None:
+        key, client = self.key(namespace, conversation), self.backend.client
+        try:
+            data = await self.backend.run(lambda: client.get(key))
+            return ConversationState.from_json(data) if isinstance(data, bytes) else None
+        except (StoreError, ValueError, TypeError):
+            return None
+
+    async def put(self, namespace: str, conversation: str, state: ConversationState) -> None:
+        key, client = self.key(namespace, conversation), self.backend.client
+        data = state.to_json()
+        try:
+            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL))
+        except StoreError:
+            return
