@@ -133,7 +133,8 @@ def test_the_breaker_opens_half_opens_and_closes() -> None:
     breaker.failure()
     assert breaker.allow()
     breaker.failure()
-    assert breaker.state == "open" and not breaker.allow()
+    assert breaker.state == "open"
+    assert not breaker.allow()
     now[0] = 1.0
     assert breaker.allow()  # the one trial
     assert not breaker.allow()
