@@ -30,7 +30,8 @@ class StoreUnavailable(GatewayError):
 
 
 @get("/v1/context/objects/{ref:str}")
-async def get_object(request: Request[Any, Any, Any], ref: str) -> ASGIResponse:
+async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
+    ref: str = request.path_params["ref"]
     request_id = request.state.request_id = new_request_id()
     gateway: Gateway = request.app.state.gateway
     start = _line_param(request.query_params.get("start_line"), "start_line")
