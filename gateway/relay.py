@@ -71,7 +71,8 @@ async def _relay(
     first: bytes, events: AsyncIterator[bytes], request_id: str
 ) -> AsyncIterator[bytes]:
     try:
-        yield first
+        if first:
+            yield first
         async for event in events:
             yield event
     except GatewayError as exc:

@@ -58,6 +58,9 @@ class ConversationState:
     """Tool results before this message index are soft-trimmed by the cache-TTL prune."""
     archive_cut: int = 0
     """Tool results before this message index are archived by the cache-TTL prune."""
+    restore_tool: bool = False
+    """The gateway has added its restore tool to this conversation's requests: it keeps
+    doing so, so that the tools array does not change from turn to turn."""
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -78,6 +81,9 @@ class ConversationState:
         return _replace(
             self, last_seen=at, calls=self.calls + 1, prompt_tokens=prompt, cached_tokens=cached
         )
+
+    def with_restore_tool(self) -> ConversationState:
+        return _replace(self, restore_tool=True)
 
     def with_cuts(self, **cuts: int) -> ConversationState:
         """This state with the cuts a request applied."""

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from time import perf_counter
 from typing import Any
 
 import anyio
+import httpx
 import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
+from gateway import restore
 from gateway.client import while_connected
 from gateway.compaction import ChatRequest, compact_request, is_context_overflow, recompact
+from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, first_event, is_event_stream, streamed_response
+from gateway.restore import Restorer, has_refs, with_restore_tool
 from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
 from gateway.upstream import upstream_request_headers
+from pipelines import TokenCounter
 
 __all__ = ["MAX_ATTEMPTS", "chat_completions"]
 
@@ -42,7 +47,16 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
-        content = orjson.dumps(result.request) if result.changed else chat.raw
+        outgoing = result.request
+        content = orjson.dumps(outgoing) if result.changed else chat.raw
+        restorer = None
+        if (chat.state is not None and chat.state.restore_tool) or has_refs(content):
+            tooled = with_restore_tool(outgoing)
+            if tooled is not None:
+                outgoing, content = tooled, orjson.dumps(tooled)
+                restorer = Restorer(
+                    gateway.stores.objects, chat.namespace, _counter(gateway, outgoing)
+                )
         sent_at = time.time()
         response = await while_connected(
             request.receive,
@@ -53,7 +67,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
             first = await while_connected(request.receive, first_event(events))
             ours = report_headers(request_id, result.report, own_ms)
             ours["x-contextgate-attempts"] = str(attempt)
-            events = _remembering(gateway, chat, sent_at, first, events)
+            if restorer is not None:
+                events = restore.stream(
+                    first, events, restorer, _resend_stream(gateway, outgoing, headers)
+                )
+                first = b""
+            events = _remembering(gateway, chat, sent_at, first, events, restorer is not None)
             return streamed_response(response, first, events, ours, request_id)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         body = await while_connected(request.receive, upstream.read_body(response, limit))
@@ -70,13 +89,84 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
                 chat = smaller
                 continue
         break
-    if response.is_success:
-        gateway.remember(
-            chat.namespace, chat.conversation, result.state.answered(at=sent_at, usage=_usage(body))
-        )
     ours = report_headers(request_id, result.report, own_ms)
     ours["x-contextgate-attempts"] = str(attempt)
+    if response.is_success and restorer is not None:
+        try:
+            body = await while_connected(
+                request.receive,
+                restore.complete(body, restorer, _resend(gateway, outgoing, headers, request)),
+            )
+        except _UpstreamAnswered as answered:
+            response, body = answered.response, answered.body
+        ours["x-contextgate-restore"] = restorer.stats.header()
+    if response.is_success:
+        state = result.state.answered(at=sent_at, usage=_usage(body))
+        gateway.remember(
+            chat.namespace,
+            chat.conversation,
+            state.with_restore_tool() if restorer is not None else state,
+        )
     return buffered_response(response, body, ours)
+
+
+class _UpstreamAnswered(Exception):
+    """A restore round's request got an answer that is not a success: relayed as it is."""
+
+    def __init__(self, response: httpx.Response, body: bytes) -> None:
+        self.response, self.body = response, body
+
+
+def _counter(gateway: Gateway, request: dict[str, Any]) -> TokenCounter:
+    info = gateway.pipeline.catalog.lookup(str(request.get("model", "")))
+    return gateway.pipeline.counter(info.encoding)
+
+
+def _continued(outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({**outgoing, "messages": [*outgoing["messages"], *extra]})
+
+
+def _resend(
+    gateway: Gateway,
+    outgoing: dict[str, Any],
+    headers: dict[str, str],
+    request: Request[Any, Any, Any],
+) -> Callable[[list[dict[str, Any]]], Awaitable[bytes]]:
+    upstream = gateway.upstream
+
+    async def resend(extra: list[dict[str, Any]]) -> bytes:
+        response = await upstream.send(
+            "POST", "chat/completions", headers=headers, content=_continued(outgoing, extra)
+        )
+        limit = None if response.is_success else upstream.settings.max_error_body_bytes
+        body = await upstream.read_body(response, limit)
+        if not response.is_success or is_event_stream(response):
+            raise _UpstreamAnswered(response, body)
+        return body
+
+    return resend
+
+
+def _resend_stream(
+    gateway: Gateway, outgoing: dict[str, Any], headers: dict[str, str]
+) -> Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]]:
+    upstream = gateway.upstream
+
+    async def resend(extra: list[dict[str, Any]]) -> tuple[bytes, AsyncIterator[bytes]]:
+        response = await upstream.send(
+            "POST", "chat/completions", headers=headers, content=_continued(outgoing, extra)
+        )
+        if not is_event_stream(response):
+            body = await upstream.read_body(response, upstream.settings.max_error_body_bytes)
+            raise UpstreamStreamBroken(
+                f"The upstream answered a restore round with {response.status_code}:"
+                f" {body[:300].decode('utf-8', 'replace')}",
+                code="upstream_error",
+            )
+        events = upstream.events(response)
+        return await first_event(events), events
+
+    return resend
 
 
 async def _remembering(
@@ -85,20 +175,20 @@ async def _remembering(
     sent_at: float,
     first: bytes,
     events: AsyncIterator[bytes],
+    restore_tool: bool,
 ) -> AsyncIterator[bytes]:
     """``events`` relayed as they are; when the stream ends, however it ends, the
     conversation's record is stored with the usage of the stream's usage chunk if any."""
-    usage = _usage_event(first)
+    usage = _usage_event(first) if first else None
     try:
         async for event in events:
             if b'"usage"' in event:
                 usage = _usage_event(event) or usage
             yield event
     finally:
+        state = chat.result.state.answered(at=sent_at, usage=usage)
         gateway.remember(
-            chat.namespace,
-            chat.conversation,
-            chat.result.state.answered(at=sent_at, usage=usage),
+            chat.namespace, chat.conversation, state.with_restore_tool() if restore_tool else state
         )
         aclose = getattr(events, "aclose", None)
         if aclose is not None:

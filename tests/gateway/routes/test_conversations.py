@@ -91,8 +91,15 @@ def test_reported_cache_misses_count_as_cold(
     del text["usage"]
     events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in (text, usage)] + [b"data: [DONE]\n\n"]
     upstream.push(SSEReply(events), JSONReply(chat_completion()))
-    stream = send(gateway, 4, "deploy-watch-3", stream=True, stream_options={"include_usage": True})
-    assert [c.usage.prompt_tokens for c in stream if c.usage] == [9_000]
+    with openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model="gpt-4o",
+            messages=screenshots(4),  # type: ignore[arg-type]
+            extra_headers={"x-contextgate-conversation": "deploy-watch-3"},
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert [c.usage.prompt_tokens for c in stream if c.usage] == [9_000]
     send(gateway, 5, "deploy-watch-3")
     assert images_sent(upstream) == 2
 

@@ -1,0 +1,390 @@
+"""The ``context_restore`` tool: the model takes back what the pipeline offloaded.
+
+Once a conversation's outgoing requests carry refs, the gateway adds one function tool,
+``context_restore``, at the end of the request's tools, and keeps adding it on every later
+request of the conversation (the conversation's record remembers), so the tools array does
+not flip between turns and the provider's cached prefix survives.
+
+When the model calls it, the gateway answers the call itself from the store (in the
+caller's namespace) and asks the model again with the answer appended, up to
+``MAX_ROUNDS`` times; the client only ever sees the final answer, with the usage of every
+round added up. If an answer mixes the client's own tool calls with restore calls, the
+client's calls go to the client as they are and the restore calls are dropped (counted in
+``x-contextgate-restore``). Streamed text passes through at once; a tool call's deltas are
+held only until its name says whose it is.
+
+A restore returns at most ``RESTORE_TOKENS`` tokens: a larger object, or range, is cut at
+a line boundary and the answer says which lines came and how to ask for the next ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from gateway.sse import event_data
+from gateway.store import REF_PATTERN
+from pipelines import OffloadStore, StoreError, TokenCounter
+
+__all__ = [
+    "MAX_ROUNDS",
+    "RESTORE_TOOL",
+    "RESTORE_TOOL_NAME",
+    "RestoreStats",
+    "Restorer",
+    "add_usage",
+    "complete",
+    "has_refs",
+    "stream",
+    "with_restore_tool",
+]
+
+RESTORE_TOOL_NAME: Final = "context_restore"
+MAX_ROUNDS: Final = 3
+"""Rounds of restore calls the gateway answers for one client request."""
+RESTORE_TOKENS: Final = 2_000
+"""Largest restore answer, in tokens."""
+
+RESTORE_TOOL: Final[dict[str, Any]] = {
+    "type": "function",
+    "function": {
+        "name": RESTORE_TOOL_NAME,
+        "description": (
+            "Restore content that was removed from earlier in this conversation to save"
+            " space. Placeholders in the conversation name it by a ref such as"
+            " ctx_AbC123...; pass that ref. Large content comes back in line ranges: pass"
+            " start_line (and end_line) to read further. Use this instead of guessing what"
+            " removed content said."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "ref": {"type": "string", "description": "The ref, starting with ctx_."},
+                "start_line": {"type": "integer", "minimum": 1},
+                "end_line": {"type": "integer", "minimum": 1},
+            },
+            "required": ["ref"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def has_refs(body: bytes) -> bool:
+    """Whether an outgoing request body names any offloaded object."""
+    return b"ctx_" in body and REF_PATTERN.search(body.decode("utf-8", "replace")) is not None
+
+
+def with_restore_tool(request: dict[str, Any]) -> dict[str, Any] | None:
+    """``request`` with the restore tool appended to its tools, or ``None`` when it cannot
+    be: the request uses the legacy ``functions`` field, or defines a tool of that name."""
+    if request.get("functions") is not None:
+        return None
+    tools = request.get("tools") or []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == RESTORE_TOOL_NAME:
+            return None
+    return {**request, "tools": [*tools, RESTORE_TOOL]}
+
+
+@dataclass(slots=True)
+class RestoreStats:
+    """What the restore loop did for one request."""
+
+    rounds: int = 0
+    calls: int = 0
+    mixed: int = 0
+    """Answers that mixed client tool calls with restore calls (restore calls dropped)."""
+    exhausted: bool = False
+    """The model still asked to restore after ``MAX_ROUNDS`` rounds."""
+
+    def header(self) -> str:
+        parts = [f"rounds={self.rounds}", f"calls={self.calls}"]
+        if self.mixed:
+            parts.append(f"mixed={self.mixed}")
+        if self.exhausted:
+            parts.append("exhausted")
+        return ", ".join(parts)
+
+
+@dataclass(slots=True)
+class Restorer:
+    """Answers restore calls for one request."""
+
+    store: OffloadStore
+    namespace: str
+    counter: TokenCounter
+    stats: RestoreStats = field(default_factory=RestoreStats)
+
+    async def answer(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """The tool message answering one restore call."""
+        self.stats.calls += 1
+        return {
+            "role": "tool",
+            "tool_call_id": call.get("id"),
+            "content": await self._content(_arguments(call)),
+        }
+
+    async def _content(self, arguments: str) -> str:
+        try:
+            args = orjson.loads(arguments or "{}")
+        except orjson.JSONDecodeError:
+            return 'context_restore: the arguments are not valid JSON; pass {"ref": "ctx_..."}.'
+        ref = args.get("ref") if isinstance(args, dict) else None
+        if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref.strip()):
+            return 'context_restore: pass the ref named in a placeholder, e.g. {"ref": "ctx_..."}.'
+        start, end = args.get("start_line"), args.get("end_line")
+        if not all(v is None or (isinstance(v, int) and v >= 1) for v in (start, end)):
+            return "context_restore: start_line and end_line must be whole numbers from 1."
+        try:
+            content = await self.store.get(self.namespace, ref.strip())
+        except StoreError:
+            return f"context_restore: the store is unavailable right now; {ref} cannot be read."
+        if content is None:
+            return f"context_restore: nothing is stored as {ref} (it may have expired)."
+        text = content.decode("utf-8", "replace")
+        lines = text.splitlines(keepends=True)
+        first = start or 1
+        last = min(end or len(lines), len(lines))
+        if first > max(last, 1) or (lines and first > len(lines)):
+            return (
+                f"context_restore: {ref} has {len(lines)} lines;"
+                f" start_line {first} is past the end."
+            )
+        shown: list[str] = []
+        used = 0
+        for line in lines[first - 1 : last]:
+            tokens = self.counter.count_text(line)
+            if shown and used + tokens > RESTORE_TOKENS:
+                break
+            if not shown and tokens > RESTORE_TOKENS:
+                line = line[: RESTORE_TOKENS * 3] + " ...(line cut)\n"
+            shown.append(line)
+            used += tokens
+        through = first + len(shown) - 1
+        whole = first == 1 and through == len(lines)
+        if whole:
+            return "".join(shown)
+        more = (
+            f" Call again with start_line={through + 1} for more." if through < len(lines) else ""
+        )
+        return f"[{ref}: lines {first}-{through} of {len(lines)}.{more}]\n" + "".join(shown)
+
+
+def _arguments(call: Mapping[str, Any]) -> str:
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, Mapping) else None
+    return arguments if isinstance(arguments, str) else ""
+
+
+def _is_restore(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and function.get("name") == RESTORE_TOOL_NAME
+
+
+def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
+    """Usage objects added field by field (nested detail objects too)."""
+    if not isinstance(usage, dict):
+        return total
+    if total is None:
+        return copy.deepcopy(usage)
+    for key, value in usage.items():
+        mine = total.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float) and isinstance(mine, int | float):
+            total[key] = mine + value
+        elif isinstance(value, dict):
+            total[key] = add_usage(mine if isinstance(mine, dict) else None, value)
+        elif key not in total:
+            total[key] = value
+    return total
+
+
+async def complete(
+    body: bytes, restorer: Restorer, resend: Callable[[list[dict[str, Any]]], Awaitable[bytes]]
+) -> bytes:
+    """A non-streamed answer with its restore calls answered: while the model asks only to
+    restore, answer and ask again (``resend`` returns the next answer's body, or raises
+    ``GatewayError``). Returns the body the client gets."""
+    stats = restorer.stats
+    extra: list[dict[str, Any]] = []
+    usage: dict[str, Any] | None = None
+    while True:
+        answer = orjson.loads(body)
+        if not isinstance(answer, dict):
+            return body
+        usage = add_usage(usage, answer.get("usage"))
+        choices = answer.get("choices")
+        choice = choices[0] if isinstance(choices, list) and len(choices) == 1 else None
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict) or not isinstance(choice, dict):
+            break
+        calls = message.get("tool_calls") or []
+        restores = [c for c in calls if _is_restore(c)]
+        if not restores:
+            break
+        others = [c for c in calls if not _is_restore(c)]
+        if others or stats.rounds >= MAX_ROUNDS:
+            stats.mixed += bool(others)
+            stats.exhausted = stats.exhausted or not others
+            if others:
+                message["tool_calls"] = others
+            else:
+                del message["tool_calls"]
+                choice["finish_reason"] = "stop"
+                message["content"] = message.get("content") or _EXHAUSTED
+            break
+        stats.rounds += 1
+        extra.append(
+            {"role": "assistant", "content": message.get("content"), "tool_calls": restores}
+        )
+        extra.extend([await restorer.answer(call) for call in restores])
+        body = await resend(list(extra))
+    if usage is not None:
+        answer["usage"] = usage
+    return orjson.dumps(answer)
+
+
+_EXHAUSTED: Final = (
+    "(The model asked to restore removed context more times than allowed for one request.)"
+)
+
+
+async def stream(
+    first: bytes,
+    events: AsyncIterator[bytes],
+    restorer: Restorer,
+    resend: Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]],
+) -> AsyncIterator[bytes]:
+    """A streamed answer relayed with its restore calls answered in place: text deltas at
+    once, the client's tool-call deltas once their name is known (renumbered to leave no
+    gap), restore calls held and answered, the next round's stream continuing the same
+    stream for the client (same id), one usage chunk with the totals and one ``[DONE]`` at
+    the end. ``resend`` opens the next round's stream (its first event and the rest)."""
+    stats = restorer.stats
+    extra: list[dict[str, Any]] = []
+    usage: dict[str, Any] | None = None
+    stream_id: Any = None
+    template: dict[str, Any] = {"object": "chat.completion.chunk"}
+    round_events: AsyncIterator[bytes] = _chain(first, events)
+    while True:
+        text: list[str] = []
+        restore_calls: dict[int, dict[str, Any]] = {}
+        client_index: dict[int, int] = {}
+        finish: dict[str, Any] | None = None
+        done: bytes | None = None
+        async for event in round_events:
+            data = event_data(event)
+            if data.strip() == b"[DONE]":
+                done = event
+                continue
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                yield event
+                continue
+            if not isinstance(chunk, dict):
+                yield event
+                continue
+            if stream_id is None:
+                stream_id = chunk.get("id")
+                template = {
+                    k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk
+                }
+            elif "id" in chunk:
+                chunk["id"] = stream_id
+            if chunk.get("usage"):
+                usage = add_usage(usage, chunk.pop("usage"))
+                if not chunk.get("choices"):
+                    continue
+            choices = chunk.get("choices")
+            if not isinstance(choices, list) or len(choices) != 1:
+                yield _event(chunk)
+                continue
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                text.append(delta["content"])
+            deltas = delta.get("tool_calls")
+            if isinstance(deltas, list):
+                passed = []
+                for part in deltas:
+                    index = part.get("index", 0)
+                    if index in restore_calls:
+                        _accumulate(restore_calls[index], part)
+                    elif index in client_index:
+                        passed.append({**part, "index": client_index[index]})
+                    elif _is_restore(part):
+                        restore_calls[index] = _accumulate(
+                            {
+                                "id": part.get("id"),
+                                "type": "function",
+                                "function": {"name": RESTORE_TOOL_NAME, "arguments": ""},
+                            },
+                            part,
+                        )
+                    else:
+                        client_index[index] = len(client_index)
+                        passed.append({**part, "index": client_index[index]})
+                if passed:
+                    delta["tool_calls"] = passed
+                else:
+                    del delta["tool_calls"]
+            if choice.get("finish_reason") is not None:
+                finish = chunk
+                continue
+            if delta or choice.get("logprobs"):
+                yield _event(chunk)
+        restores = [restore_calls[i] for i in sorted(restore_calls)]
+        if restores and not client_index and stats.rounds < MAX_ROUNDS:
+            stats.rounds += 1
+            extra.append(
+                {"role": "assistant", "content": "".join(text) or None, "tool_calls": restores}
+            )
+            extra.extend([await restorer.answer(call) for call in restores])
+            next_first, next_events = await resend(list(extra))
+            round_events = _chain(next_first, next_events)
+            continue
+        if restores:
+            stats.mixed += bool(client_index)
+            stats.exhausted = stats.exhausted or not client_index
+        if finish is not None:
+            choice = finish["choices"][0]
+            if restores and not client_index:
+                choice["finish_reason"] = "stop"
+                if not text:
+                    choice["delta"] = {**(choice.get("delta") or {}), "content": _EXHAUSTED}
+            yield _event(finish)
+        if usage is not None:
+            yield _event({**template, "choices": [], "usage": usage})
+        if done is not None:
+            yield done
+        return
+
+
+def _accumulate(call: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    function = part.get("function")
+    if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
+        call["function"]["arguments"] += function["arguments"]
+    return call
+
+
+def _event(chunk: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def _chain(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,297 @@
+"""The context_restore tool: added once a conversation has refs and kept; the model's
+restore calls answered by the gateway, scripted here in the mock upstream, so the client
+sees only the final answer, streamed or not, with the usage of every round added up."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import openai
+import orjson
+
+from gateway.restore import RESTORE_TOOL_NAME
+from tests.harness import GatewayServer
+from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
+
+REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+OUTPUT = "".join(
+    f"booking BK{i:04d}: passenger {i}, seat {i % 30}C, status confirmed\n" for i in range(60)
+)
+POLICY = {"x-contextgate-policy": "filter-tokens=300"}
+CLIENT_TOOL = {
+    "type": "function",
+    "function": {"name": "cancel_booking", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def history(conversation: str = "c") -> list[dict[str, Any]]:
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "list_bookings", "arguments": "{}"},
+    }
+    return [
+        {"role": "user", "content": f"[{conversation}] Which booking is in seat 7C?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": OUTPUT},
+    ]
+
+
+def restore_call(ref: str, call_id: str = "r1") -> dict[str, Any]:
+    arguments = orjson.dumps({"ref": ref}).decode()
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": RESTORE_TOOL_NAME, "arguments": arguments},
+    }
+
+
+def calling(
+    *calls: dict[str, Any], prompt: int = 500, content: str | None = None
+) -> dict[str, Any]:
+    reply = chat_completion()
+    reply["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": list(calls),
+    }
+    reply["choices"][0]["finish_reason"] = "tool_calls"
+    reply["usage"] = {"prompt_tokens": prompt, "completion_tokens": 20, "total_tokens": prompt + 20}
+    return reply
+
+
+def answer(text: str, prompt: int) -> dict[str, Any]:
+    reply = chat_completion(text)
+    reply["usage"] = {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8}
+    return reply
+
+
+def the_ref(upstream: MockUpstream) -> str:
+    found = REF.search(orjson.dumps(upstream.received[0].json()["messages"]).decode())
+    assert found is not None
+    return found.group()
+
+
+def client(gateway: GatewayServer, key: str = "sk-alice") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+
+
+def test_the_model_restores_and_the_client_sees_only_the_answer(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    replies: list[dict[str, Any]] = []
+
+    def script(received: Any) -> JSONReply:
+        body = received.json()
+        if not replies:
+            replies.append(body)
+            ref = REF.search(orjson.dumps(body["messages"]).decode()).group()  # type: ignore[union-attr]
+            return JSONReply(calling(restore_call(ref), prompt=500))
+        replies.append(body)
+        return JSONReply(answer("Seat 7C is booking BK0007.", prompt=900))
+
+    upstream.handler = script
+    with client(gateway) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=history("plain"), extra_headers=POLICY
+        )
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "Seat 7C is booking BK0007."
+    assert completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (1_400, 28)
+    assert raw.headers["x-contextgate-restore"] == "rounds=1, calls=1"
+    first, second = replies
+    assert [t["function"]["name"] for t in first["tools"]] == [RESTORE_TOOL_NAME]
+    restored = second["messages"][-1]
+    assert restored["role"] == "tool" and restored["tool_call_id"] == "r1"
+    assert restored["content"] == OUTPUT  # the exact original, whole (under 2,000 tokens)
+    assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == RESTORE_TOOL_NAME
+
+
+def test_streamed_restore_is_one_stream_with_summed_usage(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Text streams through at once; the restore call's deltas (its arguments in two
+    pieces) never reach the client; the second round continues the same stream."""
+    base = {"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    def usage(prompt: int) -> dict[str, Any]:
+        return {
+            **base,
+            "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5},
+        }
+
+    seen: list[dict[str, Any]] = []
+
+    def script(received: Any) -> SSEReply:
+        body = received.json()
+        seen.append(body)
+        if len(seen) == 1:
+            ref = REF.search(orjson.dumps(body["messages"]).decode()).group()  # type: ignore[union-attr]
+            arguments = orjson.dumps({"ref": ref}).decode()
+            return SSEReply(
+                events_of(
+                    [
+                        chunk({"role": "assistant", "content": "Let me look. "}),
+                        chunk(
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": "r1",
+                                        "type": "function",
+                                        "function": {
+                                            "name": RESTORE_TOOL_NAME,
+                                            "arguments": arguments[:10],
+                                        },
+                                    }
+                                ]
+                            }
+                        ),
+                        chunk(
+                            {
+                                "tool_calls": [
+                                    {"index": 0, "function": {"arguments": arguments[10:]}}
+                                ]
+                            }
+                        ),
+                        chunk({}, "tool_calls"),
+                        usage(500),
+                    ]
+                )
+            )
+        return SSEReply(
+            events_of(
+                [
+                    {**chunk({"content": "It is BK0007."}), "id": "chatcmpl-other"},
+                    chunk({}, "stop"),
+                    usage(900),
+                ]
+            )
+        )
+
+    upstream.handler = script
+    with client(gateway) as sdk:
+        stream = sdk.chat.completions.create(
+            model="gpt-4o",
+            messages=history("streamed"),  # type: ignore[arg-type]
+            extra_headers=POLICY,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Let me look. It is BK0007."
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ] == ["stop"]
+    usages = [c.usage for c in chunks if c.usage]
+    assert len(usages) == 1
+    assert (usages[0].prompt_tokens, usages[0].completion_tokens) == (1_400, 10)
+    assert {c.id for c in chunks} == {"chatcmpl-r"}
+    assert seen[1]["messages"][-1]["content"] == OUTPUT
+
+
+def test_mixed_calls_go_to_the_client_without_the_restore_call(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    def script(received: Any) -> JSONReply:
+        ref = REF.search(orjson.dumps(received.json()["messages"]).decode()).group()  # type: ignore[union-attr]
+        mine = {
+            "id": "k1",
+            "type": "function",
+            "function": {"name": "cancel_booking", "arguments": "{}"},
+        }
+        return JSONReply(calling(restore_call(ref), mine))
+
+    upstream.handler = script
+    with client(gateway) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=history("mixed"),
+            tools=[CLIENT_TOOL],
+            extra_headers=POLICY,  # type: ignore[list-item]
+        )
+    message = raw.parse().choices[0].message
+    assert [c.function.name for c in message.tool_calls or []] == ["cancel_booking"]  # type: ignore[union-attr]
+    assert raw.headers["x-contextgate-restore"] == "rounds=0, calls=0, mixed=1"
+    assert len(upstream.received) == 1
+    tools = upstream.received[0].json()["tools"]
+    assert [t["function"]["name"] for t in tools] == ["cancel_booking", RESTORE_TOOL_NAME]
+
+
+def test_the_tool_stays_for_the_rest_of_the_conversation(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Once added, the tool is sent on every later request of the conversation, even one
+    whose history has no refs left, so the tools array does not change."""
+    upstream.push(JSONReply(answer("ok", 10)), JSONReply(answer("ok", 10)))
+    headers = {**POLICY, "x-contextgate-conversation": "kept-tool"}
+    with client(gateway) as sdk:
+        sdk.chat.completions.create(model="gpt-4o", messages=history("kept"), extra_headers=headers)  # type: ignore[arg-type]
+        sdk.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": "Thanks, that is all."}],
+            extra_headers=headers,
+        )
+    first, second = (r.json() for r in upstream.received)
+    assert REF.search(orjson.dumps(second["messages"]).decode()) is None
+    assert first["tools"] == second["tools"]
+    assert [t["function"]["name"] for t in second["tools"]] == [RESTORE_TOOL_NAME]
+
+
+def test_no_refs_no_tool(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    upstream.push(JSONReply(answer("hi", 5)))
+    with client(gateway) as sdk:
+        sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert "tools" not in upstream.received[0].json()
+
+
+def test_a_ref_of_another_key_is_not_restored(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The model is only ever given what the caller's own namespace holds."""
+    upstream.push(JSONReply(answer("ok", 10)))
+    with client(gateway, "sk-alice") as sdk:
+        sdk.chat.completions.create(model="gpt-4o", messages=history("alice"), extra_headers=POLICY)  # type: ignore[arg-type]
+    alices = the_ref(upstream)
+    upstream.received.clear()
+    replies = iter([JSONReply(calling(restore_call(alices))), JSONReply(answer("done", 10))])
+    upstream.handler = lambda received: next(replies)
+    with client(gateway, "sk-mallory") as sdk:
+        sdk.chat.completions.create(
+            model="gpt-4o", messages=history("mallory"), extra_headers=POLICY
+        )  # type: ignore[arg-type]
+    restored = upstream.received[1].json()["messages"][-1]["content"]
+    assert "nothing is stored" in restored
+    assert "BK0007" not in restored
+
+
+def test_a_model_that_keeps_restoring_is_stopped(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    def script(received: Any) -> JSONReply:
+        ref = REF.search(orjson.dumps(received.json()["messages"]).decode()).group()  # type: ignore[union-attr]
+        return JSONReply(calling(restore_call(ref, f"r{len(upstream.received)}")))
+
+    upstream.handler = script
+    with client(gateway) as sdk:
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=history("loop"),
+            extra_headers=POLICY,  # type: ignore[arg-type]
+        )
+    completion = raw.parse()
+    assert len(upstream.received) == 4  # the request and 3 restore rounds
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].message.content
+    assert raw.headers["x-contextgate-restore"] == "rounds=3, calls=3, exhausted"
