@@ -106,7 +106,8 @@ def test_the_model_restores_and_the_client_sees_only_the_answer(
     first, second = replies
     assert [t["function"]["name"] for t in first["tools"]] == [RESTORE_TOOL_NAME]
     restored = second["messages"][-1]
-    assert restored["role"] == "tool" and restored["tool_call_id"] == "r1"
+    assert restored["role"] == "tool"
+    assert restored["tool_call_id"] == "r1"
     assert restored["content"] == OUTPUT  # the exact original, whole (under 2,000 tokens)
     assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == RESTORE_TOOL_NAME
 
