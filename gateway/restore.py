@@ -294,9 +294,7 @@ async def stream(
                 continue
             if stream_id is None:
                 stream_id = chunk.get("id")
-                template = {
-                    k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk
-                }
+                template = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
             elif "id" in chunk:
                 chunk["id"] = stream_id
             if chunk.get("usage"):

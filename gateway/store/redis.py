@@ -36,6 +36,7 @@ from typing import Final, TypeVar
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway.settings import StoreSettings
@@ -84,17 +85,28 @@ class CircuitBreaker:
     def success(self) -> None:
         self._failures, self._opened_at, self._trial = 0, None, False
 
-    def failure(self) -> None:
+    def failure(self, *, slow: bool = False) -> None:
+        """Count a failure; a ``slow`` one (a timeout) opens the circuit at once, so that a
+        Redis that stopped answering costs one timeout per cooldown, not one per call."""
         self._failures += 1
         self._trial = False
-        if self._opened_at is not None or self._failures >= self.failures:
+        if slow or self._opened_at is not None or self._failures >= self.failures:
             self._opened_at = self._clock()
 
 
 class RedisBackend:
     """The Redis client, its deadline and circuit breaker, and the shared secret."""
 
-    __slots__ = ("_secret", "_secret_lock", "breaker", "client", "failures", "settings")
+    __slots__ = (
+        "_configured",
+        "_secret",
+        "_secret_confirmed",
+        "_secret_lock",
+        "breaker",
+        "client",
+        "failures",
+        "settings",
+    )
 
     def __init__(self, url: str, settings: StoreSettings) -> None:
         self.settings = settings
@@ -110,7 +122,11 @@ class RedisBackend:
         self.failures = 0
         """Operations that failed (timeouts, refused connections, errors) or were refused
         by the open circuit."""
+        self._configured = settings.secret is not None
         self._secret = settings.secret.encode() if settings.secret else None
+        self._secret_confirmed = self._configured
+        """Whether Redis is known to hold the secret we use: after any failure (Redis may
+        have restarted empty) it is published again before the next write."""
         self._secret_lock = asyncio.Lock()
 
     async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
@@ -122,19 +138,23 @@ class RedisBackend:
             async with asyncio.timeout(self.settings.timeout):
                 result = await operation()
         except (RedisError, OSError, TimeoutError) as exc:
-            self.breaker.failure()
+            slow = isinstance(exc, TimeoutError | RedisTimeoutError)
+            self.breaker.failure(slow=slow)
             self.failures += 1
+            self._secret_confirmed = self._configured
             raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
         self.breaker.success()
         return result
 
     async def secret(self) -> bytes:
-        """The refs' HMAC key: configured, or shared through Redis."""
-        if self._secret is not None:
+        """The refs' HMAC key: configured, or shared through Redis. A replica that has
+        one puts it back when Redis lost it, and adopts the one Redis holds otherwise, so
+        that replicas agree again after a Redis restart."""
+        if self._secret is not None and self._secret_confirmed:
             return self._secret
         async with self._secret_lock:
-            if self._secret is None:
-                mine = secrets.token_urlsafe(32).encode()
+            if self._secret is None or not self._secret_confirmed:
+                mine = self._secret or secrets.token_urlsafe(32).encode()
 
                 async def fetch() -> bytes | None:
                     async with self.client.pipeline(transaction=False) as pipe:
@@ -146,7 +166,8 @@ class RedisBackend:
                 found = await self.run(fetch)
                 if not found:
                     raise StoreError("the store holds no secret")
-                self._secret = found
+                self._secret, self._secret_confirmed = found, True
+        assert self._secret is not None
         return self._secret
 
     async def ping(self) -> bool:

@@ -144,3 +144,36 @@ def test_the_breaker_opens_half_opens_and_closes() -> None:
     assert breaker.allow()
     breaker.success()
     assert breaker.state == "closed"
+
+
+async def test_replicas_agree_on_the_secret_after_redis_restarts_empty(
+    server: RedisServer,
+) -> None:
+    """Redis crashes and comes back empty: the replica that was running puts its secret
+    back, and a replica started afterwards adopts it, so their refs still agree."""
+    running = store_on(server.url)
+    ref = await running.put("ns", b"content", ttl=60)
+    server.kill()
+    with pytest.raises(StoreError):
+        await running.put("ns", b"content", ttl=60)
+    server.start()
+    await asyncio.sleep(SETTINGS.breaker_cooldown + 0.05)
+    assert await running.put("ns", b"content", ttl=60) == ref
+    newcomer = store_on(server.url)
+    assert await newcomer.put("ns", b"content", ttl=60) == ref
+    await running.backend.aclose()
+    await newcomer.backend.aclose()
+
+
+async def test_a_configured_secret_is_never_replaced(server: RedisServer) -> None:
+    configured = StoreSettings(secret="s" * 40, timeout=0.2, breaker_cooldown=0.3)
+    one = store_on(server.url, configured)
+    ref = await one.put("ns", b"content", ttl=60)
+    server.kill()
+    with pytest.raises(StoreError):
+        await one.put("ns", b"content", ttl=60)
+    server.start()
+    await asyncio.sleep(0.35)
+    assert await one.put("ns", b"content", ttl=60) == ref
+    assert await one.backend.client.get("cg:secret") is None
+    await one.backend.aclose()
