@@ -49,6 +49,7 @@ from pipelines.stage import StageContext
 __all__ = ["Compress"]
 
 _DEDUP_MIN_CHARS: Final = 200
+_NOT_KEPT: Final = "no copy is kept (the offload store is unavailable)"
 MAX_MIN_SAVING: Final = 3_000
 MIN_SAVING_FLOOR: Final = 500
 """A cut must save at least the room left under the budget, clamped to these tokens (so
@@ -76,7 +77,7 @@ class Compress:
             return conversation
         if ctx.store is None:
             ctx.record(skipped="no store")
-            return conversation
+            return await self._lossy(conversation, ctx)
         try:
             ctx.record(level="light")
             result = await self._dedup(conversation, ctx)
@@ -86,9 +87,17 @@ class Compress:
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
         except _NoStore:
-            ctx.record(skipped="store unavailable")
-            return conversation
+            ctx.record(skipped="store unavailable", store_failures=1)
+            return await self._lossy(conversation, ctx)
         return result
+
+    async def _lossy(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        """Without a store nothing is removed, unless the request cannot be sent at all
+        otherwise: then the emergency shortening runs with no copy kept, and each
+        shortened text says so."""
+        if ctx.tokens(conversation) <= ctx.budget.input_tokens:
+            return conversation
+        return await self._emergency(conversation, ctx, lossy=True)
 
     async def _store(self, ctx: StageContext, content: bytes) -> str:
         assert ctx.store is not None
@@ -227,14 +236,22 @@ class Compress:
         return conversation.with_messages(out)
 
     async def _shortened(
-        self, message: Message, ctx: StageContext, keep_chars: int | None = None
+        self,
+        message: Message,
+        ctx: StageContext,
+        keep_chars: int | None = None,
+        *,
+        lossy: bool = False,
     ) -> Message:
         keep = self.keep_chars if keep_chars is None else keep_chars
         content = message.get("content")
         if not isinstance(content, str) or len(content) <= max(keep, 120):
             return message
-        ref = await self._store(ctx, content.encode())
-        note = f"[Shortened; the full text is stored as {ref}.]"
+        if lossy:
+            note = f"[Shortened to fit the context window; {_NOT_KEPT}]"
+        else:
+            ref = await self._store(ctx, content.encode())
+            note = f"[Shortened; the full text is stored as {ref}.]"
         short = preview(content, keep) if keep else ""
         return {**message, "content": f"{note}\n{short}" if short else note}
 
@@ -267,7 +284,9 @@ class Compress:
             f" They are stored as {ref} and can be restored. This note is not a new request.]",
         }
 
-    async def _emergency(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+    async def _emergency(
+        self, conversation: Conversation, ctx: StageContext, *, lossy: bool = False
+    ) -> Conversation:
         messages = list(conversation.messages)
         budget = ctx.budget.input_tokens
         size = ctx.tokens.message
@@ -284,25 +303,27 @@ class Compress:
             ),
             key=lambda i: (-size(messages[i]), i),
         )
-        shortened = 0
+        shortened: set[int] = set()
         # Ever shorter: a long preview, a short one, then the ref alone; tool-call
         # arguments have their long strings cut first and stay valid JSON.
         for keep in (self.keep_chars, self.keep_chars // 3, 0):
             for index in candidates:
                 if ctx.tokens(conversation.with_messages(messages)) <= budget:
                     break
-                shorter = await self._shortened(messages[index], ctx, keep)
+                shorter = await self._shortened(messages[index], ctx, keep, lossy=lossy)
                 if shorter.get("tool_calls"):
-                    shorter = await self._shrunk_arguments(shorter, ctx)
+                    shorter = await self._shrunk_arguments(shorter, ctx, lossy=lossy)
                 if shorter is not messages[index]:
                     messages[index] = shorter
-                    shortened += 1
+                    shortened.add(index)
         if not shortened:
             return conversation
-        ctx.record(emergency_shortened=shortened)
+        ctx.record(**{"lossy_shortened" if lossy else "emergency_shortened": len(shortened)})
         return conversation.with_messages(messages)
 
-    async def _shrunk_arguments(self, message: Message, ctx: StageContext) -> Message:
+    async def _shrunk_arguments(
+        self, message: Message, ctx: StageContext, *, lossy: bool = False
+    ) -> Message:
         """``message`` with every string over ``ARGUMENT_CHARS`` in its tool calls'
         arguments cut to its head and tail, the arguments still valid JSON; the original
         calls stored first, their ref in each cut."""
@@ -323,7 +344,7 @@ class Compress:
                 shrunk.append(call)
                 continue
             if ref is None:
-                ref = await self._store(ctx, orjson.dumps(calls))
+                ref = _NOT_KEPT if lossy else await self._store(ctx, orjson.dumps(calls))
             short = orjson.dumps(_cut_strings(value, ref)).decode()
             shrunk.append({**call, "function": {**call["function"], "arguments": short}})
         if ref is None:
@@ -345,10 +366,9 @@ def _arguments(call: object) -> str:
 def _cut_strings(value: object, ref: str) -> object:
     if isinstance(value, str) and len(value) > ARGUMENT_CHARS:
         cut = len(value) - _ARGUMENT_HEAD - _ARGUMENT_TAIL
-        return (
-            f"{value[:_ARGUMENT_HEAD]}...[{cut:,} characters cut; the original call is stored"
-            f" as {ref}]...{value[-_ARGUMENT_TAIL:]}"
-        )
+        kept = ref if ref == _NOT_KEPT else f"the original call is stored as {ref}"
+        head, tail = value[:_ARGUMENT_HEAD], value[-_ARGUMENT_TAIL:]
+        return f"{head}...[{cut:,} characters cut; {kept}]...{tail}"
     if isinstance(value, dict):
         return {key: _cut_strings(item, ref) for key, item in value.items()}
     if isinstance(value, list):

@@ -16,6 +16,7 @@ from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected, TokenCounter
 from pipelines.stages.compress import Compress
 from tests.openai_schema import assert_valid_request
+from tests.pipelines.stages.conftest import FailingStore
 from tests.pipelines.stages.test_normalize import assert_valid
 
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
@@ -123,14 +124,30 @@ async def test_too_big_even_after_everything_is_refused() -> None:
     assert "4,000" in str(caught.value)
 
 
-async def test_without_a_store_nothing_is_removed() -> None:
-    """No store, no compaction: the gateway never drops what it cannot give back."""
+async def test_without_a_store_only_the_budget_forces_shortening() -> None:
+    """With no store (or one that fails) nothing is removed while the request fits. When
+    it cannot be sent otherwise, the largest texts are shortened and each says that no
+    copy is kept; no ref is ever named, since nothing stands behind one."""
     trajectory = max(json.loads(TRACES.read_text()), key=lambda t: len(t["traj"]))["traj"]
     history = requests_of(trajectory)[-1]
-    with pytest.raises(RequestRejected):
-        await Pipeline().compact(
-            {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000)
-        )
+    request = {"model": "gpt-4o", "messages": history}
+    for pipeline in (
+        Pipeline(stages=[Compress()]),
+        Pipeline(stages=[Compress()], store=FailingStore()),
+    ):
+        roomy = await pipeline.compact(request, policy=Policy(max_input=9_000))
+        assert roomy.report.tokens_before > 0.7 * 9_000
+        assert not roomy.changed
+        tight = await pipeline.compact(request, policy=Policy(max_input=4_000))
+        assert tight.report.tokens_after <= 4_000
+        sent = orjson.dumps(tight.request).decode()
+        assert REF.search(sent) is None
+        shortened = [
+            m for m in tight.request["messages"] if "no copy is kept" in str(m.get("content"))
+        ]
+        assert len(shortened) == tight.report.stages[0].details["lossy_shortened"]
+        assert tight.request["messages"][0] == history[0]
+        assert tight.request["messages"][-1] == history[-1]
 
 
 async def test_huge_tool_call_arguments_are_cut_and_stay_valid_json() -> None:
