@@ -38,19 +38,23 @@ log = logging.getLogger("contextgate.relay")
 
 
 class RelayStream(ASGIStreamingResponse):
-    """A streaming response that always closes its iterator, even when the client left
-    while the iterator was suspended between events."""
+    """A streaming response that always closes its iterator and the upstream events
+    under it, even when the client left before the first byte or while the iterator was
+    suspended between events (a generator that never started runs no ``finally``)."""
 
-    __slots__ = ()
+    __slots__ = ("upstream",)
+
+    upstream: AsyncIterator[bytes] | None
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         try:
             await super().send_body(send, receive)
         finally:
-            iterator = self.iterator
-            if hasattr(iterator, "aclose"):
-                with anyio.CancelScope(shield=True):
-                    await iterator.aclose()
+            with anyio.CancelScope(shield=True):
+                for iterator in (self.iterator, getattr(self, "upstream", None)):
+                    aclose = getattr(iterator, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
 
 
 def is_event_stream(response: httpx.Response) -> bool:
@@ -105,11 +109,13 @@ def streamed_response(
     relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
-    return RelayStream(
+    stream = RelayStream(
         iterator=_relay(first, events, request_id),
         status_code=response.status_code,
         headers=relayed,  # type: ignore[arg-type]
     )
+    stream.upstream = events
+    return stream
 
 
 def error_response(error: GatewayError, headers: dict[str, Any] | None = None) -> Response[bytes]:

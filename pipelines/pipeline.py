@@ -122,9 +122,14 @@ class Pipeline:
         before = await tokens.first(conversation, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact
+        diverged = state is not None and not state.follows(conversation.messages)
+        if diverged:
+            state = None
         cold, report.cache = cache_status(
             state, ttl=info.cache_ttl, now=time.time() if now is None else now
         )
+        if diverged:
+            report.cache = "diverged"
         ctx = StageContext(
             model=info,
             policy=policy,
@@ -144,6 +149,9 @@ class Pipeline:
         after = state or ConversationState()
         if ctx.carry:
             after = after.with_cuts(**ctx.carry)
+        after = after.with_history(
+            conversation.messages, sent_tokens=report.tokens_after, cold=cold
+        )
         return CompactResult(
             result.to_request() if changed else dict(request), report, changed, after
         )

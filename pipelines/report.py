@@ -37,7 +37,8 @@ class Report:
     ms: float = 0.0
     cache: str = "new"
     """The provider cache as the pipeline judged it: ``hot``, or why it is cold (``new``,
-    ``expired``, ``low hit rate``)."""
+    ``expired``, ``low hit rate``, ``diverged``: the history does not continue the
+    conversation's previous request)."""
     stages: list[StageReport] = field(default_factory=list)
 
     @property

@@ -61,6 +61,35 @@ class ConversationState:
     restore_tool: bool = False
     """The gateway has added its restore tool to this conversation's requests: it keeps
     doing so, so that the tools array does not change from turn to turn."""
+    seen: int = 0
+    """Messages in the previous request."""
+    last_digest: str = ""
+    """Digest of the previous request's last message: a request that does not have it at
+    the same place is not a continuation (another conversation under the same identity,
+    or an edited history), and the record does not apply to it."""
+    sent_tokens: int | None = None
+    """Tokens the pipeline sent for the previous request."""
+    cold_sent: bool = False
+    """The previous request went out on a cold cache, so the provider's cache-hit
+    feedback on it says nothing about the cache now."""
+
+    def follows(self, messages: Sequence[Message]) -> bool:
+        """Whether ``messages`` continue the previous request of this record."""
+        if not self.seen:
+            return True
+        return len(messages) >= self.seen and digest(messages[self.seen - 1]) == self.last_digest
+
+    def with_history(
+        self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
+    ) -> ConversationState:
+        """This state after sending ``messages`` (as ``sent_tokens``), cold or not."""
+        return _replace(
+            self,
+            seen=len(messages),
+            last_digest=digest(messages[-1]) if messages else "",
+            sent_tokens=sent_tokens,
+            cold_sent=cold,
+        )
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -102,13 +131,14 @@ def cache_status(state: ConversationState | None, *, ttl: int, now: float) -> tu
     A conversation never seen is cold (nothing of it can be cached). Time decides first:
     past the model family's TTL the entry is gone whatever the provider said before. Within
     it, provider feedback on a stable sample (2+ calls or 4,000+ tokens) can say the cache
-    is not working (hit rate under 0.12); otherwise it is hot.
+    is not working (hit rate under 0.12), unless that request itself went out cold (its
+    misses were expected); otherwise it is hot.
     """
     if state is None or state.last_seen is None:
         return True, "new"
     if now - state.last_seen > ttl:
         return True, "expired"
-    if state.cached_tokens is not None and state.prompt_tokens:
+    if state.cached_tokens is not None and state.prompt_tokens and not state.cold_sent:
         stable = state.calls >= _STABLE_CALLS or state.prompt_tokens >= _STABLE_TOKENS
         if stable and state.cached_tokens / state.prompt_tokens < COLD_HIT_RATE:
             return True, "low hit rate"
@@ -126,6 +156,12 @@ def usage_of(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
         prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None,
         cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
     )
+
+
+def digest(message: Message) -> str:
+    """A digest of one message, stable across processes."""
+    data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 def conversation_id(namespace: str, messages: Sequence[Message]) -> str:

@@ -72,7 +72,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
                     first, events, restorer, _resend_stream(gateway, outgoing, headers)
                 )
                 first = b""
-            events = _remembering(gateway, chat, sent_at, first, events, restorer is not None)
+            events = _Remembering(gateway, chat, sent_at, first, events, restorer is not None)
             return streamed_response(response, first, events, ours, request_id)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         body = await while_connected(request.receive, upstream.read_body(response, limit))
@@ -169,28 +169,52 @@ def _resend_stream(
     return resend
 
 
-async def _remembering(
-    gateway: Gateway,
-    chat: ChatRequest,
-    sent_at: float,
-    first: bytes,
-    events: AsyncIterator[bytes],
-    restore_tool: bool,
-) -> AsyncIterator[bytes]:
-    """``events`` relayed as they are; when the stream ends, however it ends, the
-    conversation's record is stored with the usage of the stream's usage chunk if any."""
-    usage = _usage_event(first) if first else None
-    try:
-        async for event in events:
-            if b'"usage"' in event:
-                usage = _usage_event(event) or usage
-            yield event
-    finally:
-        state = chat.result.state.answered(at=sent_at, usage=usage)
-        gateway.remember(
-            chat.namespace, chat.conversation, state.with_restore_tool() if restore_tool else state
+class _Remembering:
+    """``events`` relayed as they are; when the stream ends, however it ends (also when it
+    is closed before it started), the conversation's record is stored once, with the usage
+    of the stream's usage chunk if there was one, and the events are closed."""
+
+    __slots__ = ("_chat", "_done", "_events", "_gateway", "_restore_tool", "_sent_at", "_usage")
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        chat: ChatRequest,
+        sent_at: float,
+        first: bytes,
+        events: AsyncIterator[bytes],
+        restore_tool: bool,
+    ) -> None:
+        self._gateway, self._chat, self._sent_at = gateway, chat, sent_at
+        self._events, self._restore_tool = events, restore_tool
+        self._usage = _usage_event(first) if first else None
+        self._done = False
+
+    def __aiter__(self) -> _Remembering:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            event = await self._events.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+        if b'"usage"' in event:
+            self._usage = _usage_event(event) or self._usage
+        return event
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        chat = self._chat
+        state = chat.result.state.answered(at=self._sent_at, usage=self._usage)
+        self._gateway.remember(
+            chat.namespace,
+            chat.conversation,
+            state.with_restore_tool() if self._restore_tool else state,
         )
-        aclose = getattr(events, "aclose", None)
+        aclose = getattr(self._events, "aclose", None)
         if aclose is not None:
             with anyio.CancelScope(shield=True):
                 await aclose()

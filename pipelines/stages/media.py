@@ -79,13 +79,11 @@ class Media:
         refs: list[str] = []
         failures = await self._strip(messages, bearing[:cut], rewritten, refs, ctx)
         if cut < window:
-            # Pressure is judged on what would be sent without moving the window: judged on
-            # the raw history it would hold on every turn and move the window every turn.
-            current = conversation.with_messages(rewritten) if refs else conversation
-            if (
-                ctx.tokens(current)
-                >= max(ctx.policy.emergency, ctx.policy.trigger) * ctx.budget.input_tokens
-            ):
+            # Pressure is judged on what is being sent: the last request as it went out
+            # plus what is new since. Judged on the raw history (before compress) it would
+            # hold in every long session and move the window every turn.
+            limit = max(ctx.policy.emergency, ctx.policy.trigger) * ctx.budget.input_tokens
+            if _expected(conversation, rewritten if refs else None, ctx) >= limit:
                 failures += await self._strip(messages, bearing[cut:window], rewritten, refs, ctx)
                 cut = window
             else:
@@ -93,8 +91,9 @@ class Media:
         ctx.record(
             parts_offloaded=len(refs), refs=refs, store_failures=failures, moved=cut != previous
         )
-        if not failures:
-            ctx.carry["media_cut"] = cut
+        # Recorded even when a part could not be stored (it stays in this request and is
+        # tried again next time): without it the next request would undo every strip.
+        ctx.carry["media_cut"] = cut
         if not refs:
             return conversation
         return conversation.with_messages(rewritten)
@@ -130,6 +129,19 @@ class Media:
                     parts.append(part)
             rewritten[index] = {**message, "content": parts}
         return failures
+
+
+def _expected(
+    conversation: Conversation, rewritten: list[Message] | None, ctx: StageContext
+) -> int:
+    """Tokens the request is expected to go out with: the previous request's as sent plus
+    the messages added since, or (without a record) this request as it stands."""
+    state = ctx.state
+    if state is not None and state.sent_tokens is not None and state.seen:
+        added = conversation.messages[state.seen :]
+        return state.sent_tokens + sum(ctx.tokens.message(m) for m in added)
+    current = conversation.with_messages(rewritten) if rewritten is not None else conversation
+    return ctx.tokens(current)
 
 
 def _media_count(message: Message) -> int:

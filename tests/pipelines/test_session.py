@@ -60,3 +60,34 @@ def test_conversation_identity_follows_system_prompt_first_user_and_namespace() 
     assert conversation_id("t1", history) != conversation_id("t2", history)
     other = [history[0], {"role": "user", "content": "Book a hotel."}]
     assert conversation_id("t1", history) != conversation_id("t1", other)
+
+
+async def test_a_record_of_another_history_does_not_apply() -> None:
+    """A record left by a conversation with the same identity but another history (or an
+    edited one) is not used: the request counts as cold ("diverged") and no cut of the
+    other conversation is applied."""
+    from gateway.store import MemoryStore
+    from pipelines import Pipeline
+
+    def history(tag: str, turns: int) -> list[dict[str, object]]:
+        messages: list[dict[str, object]] = [{"role": "user", "content": "Start."}]
+        for n in range(turns):
+            messages += [
+                {"role": "assistant", "content": f"{tag} step {n} " * 200},
+                {"role": "user", "content": f"{tag} next {n}"},
+            ]
+        return messages
+
+    pipeline = Pipeline(store=MemoryStore())
+    first = await pipeline.compact({"model": "gpt-4o", "messages": history("a", 6)}, now=NOW)
+    state = first.state.answered(at=NOW)
+    assert state.seen == 13
+    same = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history("a", 7)}, state=state, now=NOW + 5
+    )
+    assert same.report.cache == "hot"
+    other = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history("b", 7)}, state=state, now=NOW + 5
+    )
+    assert other.report.cache == "diverged"
+    assert other.state.seen == 15

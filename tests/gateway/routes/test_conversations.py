@@ -10,6 +10,7 @@ import openai
 import orjson
 import pytest
 
+from pipelines import ConversationState
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion
 from tests.openai_schema import assert_valid_request
@@ -72,8 +73,9 @@ def test_warm_cache_defers_the_media_window_and_keeps_the_prefix(
 def test_reported_cache_misses_count_as_cold(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
-    """A streamed answer whose usage says nothing was read from the cache (on a large
-    prompt) makes the next request cold, so the window moves."""
+    """A warm request whose streamed usage says nothing was read from the cache (on a
+    large prompt) makes the next request cold, so the window moves. (The misses of a
+    request that went out cold say nothing and are not counted.)"""
     usage = {
         "id": "c",
         "object": "chat.completion.chunk",
@@ -90,18 +92,20 @@ def test_reported_cache_misses_count_as_cold(
     text = dict(usage, choices=[{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}])
     del text["usage"]
     events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in (text, usage)] + [b"data: [DONE]\n\n"]
-    upstream.push(SSEReply(events), JSONReply(chat_completion()))
+    upstream.push(JSONReply(chat_completion()), SSEReply(events), JSONReply(chat_completion()))
+    send(gateway, 4, "deploy-watch-3")  # new: cold
     with openai.OpenAI(base_url=gateway.base_url, api_key="sk-test", max_retries=0) as client:
         stream = client.chat.completions.create(
             model="gpt-4o",
-            messages=screenshots(4),  # type: ignore[arg-type]
+            messages=screenshots(5),  # type: ignore[arg-type]
             extra_headers={"x-contextgate-conversation": "deploy-watch-3"},
             stream=True,
             stream_options={"include_usage": True},
         )
         assert [c.usage.prompt_tokens for c in stream if c.usage] == [9_000]
-    send(gateway, 5, "deploy-watch-3")
-    assert images_sent(upstream) == 2
+    assert images_sent(upstream) == 3  # warm: deferred
+    send(gateway, 6, "deploy-watch-3")
+    assert images_sent(upstream) == 2  # the provider said it cached nothing: cold
 
 
 def test_a_malformed_conversation_id_is_400(gateway: GatewayServer, upstream: MockUpstream) -> None:
@@ -115,3 +119,38 @@ def test_a_malformed_conversation_id_is_400(gateway: GatewayServer, upstream: Mo
     assert caught.value.code == "invalid_conversation_id"
     assert "x-contextgate-conversation" in caught.value.message
     assert upstream.received == []
+
+
+async def test_a_stream_closed_before_it_started_still_stores_the_record() -> None:
+    """The client can leave right after the headers: the record is stored once and the
+    upstream events are closed, though the relay never iterated them."""
+    from gateway.routes.chat import _Remembering
+
+    closed: list[bool] = []
+    remembered: list[Any] = []
+
+    async def upstream_events() -> Any:
+        try:
+            yield b"data: {}\n\n"
+        finally:
+            closed.append(True)
+
+    class Recorder:
+        def remember(self, namespace: str, conversation: str, state: Any) -> None:
+            remembered.append((namespace, conversation, state))
+
+    class Result:
+        state = ConversationState()
+
+    class Chat:
+        namespace, conversation, result = "ns", "conv", Result()
+
+    events = upstream_events()
+    await events.__anext__()  # the first event, already taken by the relay
+    wrapper = _Remembering(Recorder(), Chat(), 5.0, b"", events, True)  # type: ignore[arg-type]
+    await wrapper.aclose()
+    await wrapper.aclose()
+    assert closed == [True]
+    assert len(remembered) == 1
+    assert remembered[0][2].restore_tool
+    assert remembered[0][2].last_seen == 5.0
