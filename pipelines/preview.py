@@ -16,12 +16,13 @@ The same output always gives the same preview, byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from functools import lru_cache
 from typing import Any, Final
 
-__all__ = ["is_error", "preview", "trim_json"]
+__all__ = ["is_error", "preview", "text_digest", "trim_json"]
 
 _ERROR_START: Final = re.compile(
     r"^\s*(error|exception|fatal|traceback|failed|failure)\b", re.IGNORECASE
@@ -32,6 +33,12 @@ _ERROR_EARLY: Final = re.compile(
     re.IGNORECASE,
 )
 _SCALAR_CHARS: Final = 80
+
+
+def text_digest(text: str) -> bytes:
+    """A collision-resistant key for caches of work done on a text (a plain ``hash`` could
+    collide and serve one caller's text to another)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def is_error(text: str) -> bool:

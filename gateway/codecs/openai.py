@@ -109,6 +109,18 @@ def _check_message(index: int, message: Any) -> None:
         isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)
     ):
         raise _type_error(f"messages[{index}].tool_calls", "an array of objects", tool_calls)
+    for position, call in enumerate(tool_calls or ()):
+        function = call.get("function")
+        if function is not None and not (
+            isinstance(function, dict)
+            and isinstance(function.get("name", ""), str)
+            and isinstance(function.get("arguments", ""), str)
+        ):
+            raise _type_error(
+                f"messages[{index}].tool_calls[{position}].function",
+                "an object with string 'name' and 'arguments'",
+                function,
+            )
     for key in _OPTIONAL_STRINGS:
         value = message.get(key)
         if value is not None and type(value) is not str:

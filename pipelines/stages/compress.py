@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -43,13 +43,15 @@ from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.groups import ANSWER, Group, protect, split_groups
 from pipelines.messages import Message
-from pipelines.preview import preview
+from pipelines.preview import preview, trim_json
 from pipelines.stage import StageContext
 
 __all__ = ["Compress"]
 
 _DEDUP_MIN_CHARS: Final = 200
 _NOT_KEPT: Final = "no copy is kept (the offload store is unavailable)"
+_PENDING_REF: Final = "@@contextgate-pending-ref@@"
+"""Stands for the ref in shortened arguments until the original is stored."""
 MAX_MIN_SAVING: Final = 3_000
 MIN_SAVING_FLOOR: Final = 500
 """A cut must save at least the room left under the budget, clamped to these tokens (so
@@ -194,11 +196,15 @@ class Compress:
         and shortened answers by their message range, for the next candidate."""
         messages = conversation.messages
         size = ctx.tokens.message
-        # User messages are kept whole; final answers are kept (long ones shortened) while
-        # they fit the span's share of the budget, newest last to go; all else is removed.
-        pinned = {
-            g.start for g in span if g.start in protected or messages[g.start].get("role") == "user"
-        }
+        # User messages are kept whole and final answers (long ones shortened) while they
+        # fit the span's share of the budget: answers go first, then user messages, the
+        # oldest first in each; all else is removed. Protected messages always stay.
+        pinned = {g.start for g in span if g.start in protected}
+        users = [
+            g.start
+            for g in span
+            if g.start not in pinned and messages[g.start].get("role") == "user"
+        ]
         kept: dict[int, Message] = {}
         for group in span:
             message = messages[group.start]
@@ -213,10 +219,15 @@ class Compress:
                     short = made[group.start, -1] = await self._shortened(message, ctx)
                 kept[group.start] = short
         allowance = self.span_share * ctx.budget.input_tokens
-        users = sum(size(messages[i]) for i in pinned)
+        used = sum(size(messages[i]) for i in (*pinned, *users))
+        used += sum(size(m) for m in kept.values())
         order = sorted(kept)
-        while order and users + sum(size(m) for m in kept.values()) > allowance:
-            del kept[order.pop(0)]
+        while order and used > allowance:
+            used -= size(kept.pop(order.pop(0)))
+        users.reverse()
+        while users and used > allowance:
+            used -= size(messages[users.pop()])
+        pinned.update(users)
         out: list[Message] = list(messages[: span[0].start])
         run = -1  # start of the run of removed groups, if any
         for group in span:
@@ -274,7 +285,8 @@ class Compress:
         calls: dict[str, int] = {}
         for message in removed:
             for call in message.get("tool_calls") or ():
-                name = str((call.get("function") or {}).get("name", "?"))
+                function = call.get("function") if isinstance(call, dict) else None
+                name = str(function.get("name", "?")) if isinstance(function, dict) else "?"
                 calls[name] = calls.get(name, 0) + 1
         described = ", ".join(f"{name} x{count}" for name, count in sorted(calls.items()))
         what = f"{len(removed)} earlier messages" + (f" (tool calls: {described})" if calls else "")
@@ -306,50 +318,73 @@ class Compress:
         shortened: set[int] = set()
         # Ever shorter: a long preview, a short one, then the ref alone; tool-call
         # arguments have their long strings cut first and stay valid JSON.
+        total = ctx.tokens(conversation)
         for keep in (self.keep_chars, self.keep_chars // 3, 0):
             for index in candidates:
-                if ctx.tokens(conversation.with_messages(messages)) <= budget:
+                if total <= budget:
                     break
                 shorter = await self._shortened(messages[index], ctx, keep, lossy=lossy)
                 if shorter.get("tool_calls"):
                     shorter = await self._shrunk_arguments(shorter, ctx, lossy=lossy)
                 if shorter is not messages[index]:
+                    total += size(shorter) - size(messages[index])
                     messages[index] = shorter
                     shortened.add(index)
         if not shortened:
             return conversation
         ctx.record(**{"lossy_shortened" if lossy else "emergency_shortened": len(shortened)})
-        return conversation.with_messages(messages)
+        result = conversation.with_messages(messages)
+        ctx.tokens.remember(result, total)
+        return result
 
     async def _shrunk_arguments(
         self, message: Message, ctx: StageContext, *, lossy: bool = False
     ) -> Message:
-        """``message`` with every string over ``ARGUMENT_CHARS`` in its tool calls'
-        arguments cut to its head and tail, the arguments still valid JSON; the original
-        calls stored first, their ref in each cut."""
+        """``message`` with its tool calls' arguments made smaller and still valid JSON:
+        every string over ``ARGUMENT_CHARS`` cut to its head and tail, and arguments still
+        long after that (big arrays or objects of short values) cut by structure. The
+        original calls are stored first; each cut string names their ref, and so does a
+        note in the message's text when structure was cut."""
         calls = message["tool_calls"]
-        if not isinstance(calls, list) or not any(
-            len(_arguments(call)) > ARGUMENT_CHARS for call in calls
-        ):
+        if not isinstance(calls, list):
             return message
-        ref: str | None = None
-        shrunk = []
+        shrunk: list[Any] = []
+        structural = False
         for call in calls:
             arguments = _arguments(call)
             try:
                 value = orjson.loads(arguments) if len(arguments) > ARGUMENT_CHARS else None
             except orjson.JSONDecodeError:
                 value = None
-            if value is None:
-                shrunk.append(call)
-                continue
-            if ref is None:
-                ref = _NOT_KEPT if lossy else await self._store(ctx, orjson.dumps(calls))
-            short = orjson.dumps(_cut_strings(value, ref)).decode()
-            shrunk.append({**call, "function": {**call["function"], "arguments": short}})
-        if ref is None:
+            short = None
+            if value is not None:
+                cut = _cut_strings(value, _PENDING_REF)
+                if len(orjson.dumps(cut)) > 4 * ARGUMENT_CHARS:
+                    cut, structural = trim_json(cut, chars=4 * ARGUMENT_CHARS), True
+                text = orjson.dumps(cut).decode()
+                if len(text) < len(arguments):
+                    short = text
+            shrunk.append((call, short))
+        if all(short is None for _, short in shrunk):
             return message
-        return {**message, "tool_calls": shrunk}
+        ref = _NOT_KEPT if lossy else await self._store(ctx, orjson.dumps(calls))
+        named = ref if lossy else f"the original call is stored as {ref}"
+        out = [
+            call
+            if short is None
+            else {
+                **call,
+                "function": {
+                    **call["function"],
+                    "arguments": short.replace(_PENDING_REF, named.replace('"', "'")),
+                },
+            }
+            for call, short in shrunk
+        ]
+        shorter = {**message, "tool_calls": out}
+        if structural and not message.get("content"):
+            shorter["content"] = f"[Tool call arguments shortened to fit; {named}.]"
+        return shorter
 
 
 ARGUMENT_CHARS: Final = 500
@@ -366,9 +401,8 @@ def _arguments(call: object) -> str:
 def _cut_strings(value: object, ref: str) -> object:
     if isinstance(value, str) and len(value) > ARGUMENT_CHARS:
         cut = len(value) - _ARGUMENT_HEAD - _ARGUMENT_TAIL
-        kept = ref if ref == _NOT_KEPT else f"the original call is stored as {ref}"
         head, tail = value[:_ARGUMENT_HEAD], value[-_ARGUMENT_TAIL:]
-        return f"{head}...[{cut:,} characters cut; {kept}]...{tail}"
+        return f"{head}...[{cut:,} characters cut; {ref}]...{tail}"
     if isinstance(value, dict):
         return {key: _cut_strings(item, ref) for key, item in value.items()}
     if isinstance(value, list):

@@ -20,7 +20,7 @@ import orjson
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
-from pipelines.preview import preview
+from pipelines.preview import preview, text_digest
 from pipelines.stage import StageContext
 
 __all__ = ["Filter"]
@@ -33,10 +33,10 @@ class Filter:
     name: str = "filter"
     preview_chars: int = 3_000
     """Largest preview, in characters (about 750 tokens)."""
-    _previews: OrderedDict[tuple[int, int, int], str] = field(
+    _previews: OrderedDict[tuple[bytes, int], str] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
-    """Previews already made, by (hash, length, budget) of the output: a resent history
+    """Previews already made, by (digest, budget) of the output: a resent history
     repeats its large outputs on every request, and parsing them again is the cost."""
 
     def __post_init__(self) -> None:
@@ -79,7 +79,7 @@ class Filter:
         return conversation.with_messages(rewritten)
 
     def _preview(self, text: str, budget: int) -> str:
-        key = (hash(text), len(text), budget)
+        key = (text_digest(text), budget)
         cached = self._previews.get(key)
         if cached is None:
             cached = self._previews[key] = preview(text, budget)

@@ -30,7 +30,8 @@ class GuardOutbound:
                 "context_length_exceeded",
                 f"After compaction the request is {tokens:,} tokens; its input budget is"
                 f" {budget.input_tokens:,} (a {budget.window:,}-token window less"
-                f" {budget.output_reserve:,} kept for the reply{cap}). The system prompt and"
-                " the latest user message alone are too large to fit.",
+                f" {budget.output_reserve:,} kept for the reply{cap}). What compaction may not"
+                " shorten (system messages, the latest user message, short messages) is too"
+                " large to fit.",
             )
         return conversation

@@ -40,7 +40,7 @@ import orjson
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
-from pipelines.preview import trim_json
+from pipelines.preview import text_digest, trim_json
 from pipelines.stage import StageContext
 
 __all__ = ["TtlPrune"]
@@ -61,7 +61,7 @@ class TtlPrune:
     max_archives: int = 8
     max_bytes: int = 2 * 1024 * 1024
     max_ms: float = 200.0
-    _shortened: OrderedDict[tuple[int, int], str] = field(
+    _shortened: OrderedDict[bytes, str] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
     """Trimmed texts already made: the same results are trimmed again on every request."""
@@ -169,7 +169,7 @@ class TtlPrune:
         return {**message, "content": f"{note}\n{short}"}
 
     def _shorter(self, text: str) -> str:
-        key = (hash(text), len(text))
+        key = text_digest(text)
         short = self._shortened.get(key)
         if short is None:
             short = self._shortened[key] = self._shorten(text)

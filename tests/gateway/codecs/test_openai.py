@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,3 +65,19 @@ def test_valid_request_comes_back_whole() -> None:
     """A valid body is returned with every field, known or not."""
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "extra": {"a": [1]}}
     assert parse_chat_request(orjson.dumps(body)) == body
+
+
+def test_a_tool_call_function_must_be_an_object() -> None:
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "a", "type": "function", "function": "run"}],
+            }
+        ],
+    }
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request(orjson.dumps(body))
+    assert caught.value.param == "messages[0].tool_calls[0].function"

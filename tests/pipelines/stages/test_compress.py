@@ -218,3 +218,62 @@ async def test_a_cut_saving_less_than_the_room_left_waits() -> None:
     tight = await pipeline.compact(request, policy=Policy(max_input=int(tokens / 0.88)))
     assert "cut" in details(tight)
     assert tight.report.tokens_after < tokens
+
+
+async def test_a_long_chat_of_short_turns_fits() -> None:
+    """Hundreds of short exchanges: once the user messages alone outgrow the span's
+    share, the oldest go into notes too (restorable), so the request fits, quickly."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for n in range(1_000):
+        history += [
+            {"role": "user", "content": f"What is {n} squared?"},
+            {"role": "assistant", "content": f"{n * n}."},
+        ]
+    history.append({"role": "user", "content": "And 1000 squared?"})
+    store = MemoryStore()
+    result = await Pipeline(store=store).compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000)
+    )
+    out = result.request["messages"]
+    assert result.report.tokens_after <= 4_000
+    assert out[0] == history[0]
+    assert out[-1] == history[-1]
+    assert result.report.ms < 5_000
+    kept_or_stored = set()
+    for message in out:
+        found = REF.search(str(message.get("content")))
+        if message.get("role") == "user" and found and "were removed" in message["content"]:
+            stored = await store.get("", found.group())
+            assert stored is not None
+            kept_or_stored.update(m["content"] for m in orjson.loads(stored) if m["role"] == "user")
+        elif message.get("role") == "user":
+            kept_or_stored.add(message["content"])
+    assert kept_or_stored == {m["content"] for m in history if m["role"] == "user"}
+
+
+async def test_arguments_made_of_many_short_values_are_cut_by_structure() -> None:
+    """A call whose arguments are a long array of short strings has no long string to
+    cut: the array is cut by structure instead, still valid JSON, and the message says
+    where the original is."""
+    lines = [f"row {i}" for i in range(4_000)]
+    call = {
+        "id": "call_b",
+        "type": "function",
+        "function": {"name": "bulk_insert", "arguments": orjson.dumps({"lines": lines}).decode()},
+    }
+    history = [
+        {"role": "user", "content": "Insert the rows."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "inserted"},
+    ]
+    store = MemoryStore()
+    result = await Pipeline(store=store).compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000)
+    )
+    assert result.report.tokens_after <= 4_000
+    message = result.request["messages"][1]
+    arguments = orjson.loads(message["tool_calls"][0]["function"]["arguments"])
+    assert arguments["lines"][:3] == lines[:3]
+    assert arguments["lines"][-3:] == lines[-3:]
+    ref = REF.search(message["content"]).group()  # type: ignore[union-attr]
+    assert orjson.loads(await store.get("", ref)) == [call]  # type: ignore[arg-type]
