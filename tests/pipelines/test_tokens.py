@@ -223,3 +223,21 @@ def test_huge_text_is_estimated_not_tokenized() -> None:
     counter = TokenCounter()
     huge = "a" * 3_000_001
     assert counter.count_text(huge) == estimate_tokens(huge)
+
+
+def test_the_message_estimate_stays_within_its_margin_on_dense_text() -> None:
+    """Ids, hex and base64 tokenize at well under 3 bytes a token; the estimate the
+    cold path relies on must still be at least half the real count (its margin is 2)."""
+    import base64
+    import os
+    import uuid
+
+    counter = TokenCounter()
+    for text in (
+        " ".join(str(uuid.uuid4()) for _ in range(400)),
+        os.urandom(6_000).hex(),
+        base64.b64encode(os.urandom(9_000)).decode(),
+        "The flight leaves at nine and lands at noon. " * 200,
+    ):
+        message = {"role": "tool", "tool_call_id": "c", "content": text}
+        assert 2 * counter.estimate(message) >= counter.count_message(message)
