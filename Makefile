@@ -40,6 +40,7 @@ fmt: install-dev
 bench: install-dev
 	$(BIN)/python -m bench.overhead
 	$(BIN)/python -m bench.compaction
+	$(BIN)/python -m bench.store
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

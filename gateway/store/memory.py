@@ -71,7 +71,7 @@ class MemoryStore:
             self._entries.move_to_end(key)
             return ref
         compressed = len(content) > self._compress_over
-        stored = zlib.compress(content, 6) if compressed else content
+        stored = zlib.compress(content, 1) if compressed else content
         self._entries[key] = (self._clock() + ttl, compressed, stored)
         self._size += len(stored)
         self._evict()

@@ -207,7 +207,7 @@ class RedisStore:
             self._known.move_to_end(key)
             return ref
         compressed = len(content) > self.compress_over
-        payload = _ZLIB + zlib.compress(content, 6) if compressed else _RAW + content
+        payload = _ZLIB + zlib.compress(content, 1) if compressed else _RAW + content
 
         async def store() -> None:
             async with client.pipeline(transaction=False) as pipe:
