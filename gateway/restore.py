@@ -29,6 +29,7 @@ import orjson
 from gateway.sse import event_data
 from gateway.store import REF_PATTERN
 from pipelines import OffloadStore, StoreError, TokenCounter
+from pipelines.stages.media import MEDIA_PARTS
 
 __all__ = [
     "MAX_ROUNDS",
@@ -120,6 +121,7 @@ class Restorer:
     namespace: str
     counter: TokenCounter
     stats: RestoreStats = field(default_factory=RestoreStats)
+    _media: list[dict[str, Any]] = field(default_factory=list)
 
     async def answer(self, call: Mapping[str, Any]) -> dict[str, Any]:
         """The tool message answering one restore call."""
@@ -129,6 +131,20 @@ class Restorer:
             "tool_call_id": call.get("id"),
             "content": await self._content(_arguments(call)),
         }
+
+    async def answer_all(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages answering ``calls``: a tool message each, then, if any restored
+        object was an image (or other media part), one user message carrying them, since
+        a tool message can only hold text."""
+        messages = [await self.answer(call) for call in calls]
+        if self._media:
+            parts: list[dict[str, Any]] = [
+                {"type": "text", "text": "[Restored media, as requested with context_restore.]"}
+            ]
+            parts.extend(self._media)
+            messages.append({"role": "user", "content": parts})
+            self._media = []
+        return messages
 
     async def _content(self, arguments: str) -> str:
         try:
@@ -147,6 +163,10 @@ class Restorer:
             return f"context_restore: the store is unavailable right now; {ref} cannot be read."
         if content is None:
             return f"context_restore: nothing is stored as {ref} (it may have expired)."
+        media = _media_part(content)
+        if media is not None:
+            self._media.append(media)
+            return f"[{ref} is a {media['type']} part; it follows in the next message.]"
         text = content.decode("utf-8", "replace")
         lines = text.splitlines(keepends=True)
         first = start or 1
@@ -174,6 +194,20 @@ class Restorer:
             f" Call again with start_line={through + 1} for more." if through < len(lines) else ""
         )
         return f"[{ref}: lines {first}-{through} of {len(lines)}.{more}]\n" + "".join(shown)
+
+
+def _media_part(content: bytes) -> dict[str, Any] | None:
+    """The media part stored in ``content`` (the media stage stores each part's JSON)."""
+    if not content.startswith(b"{") or b'"type"' not in content[:4096]:
+        return None
+    try:
+        part = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in MEDIA_PARTS and kind in part and len(part) <= 3:
+        return part  # type: ignore[no-any-return]
+    return None
 
 
 def _arguments(call: Mapping[str, Any]) -> str:
@@ -244,7 +278,7 @@ async def complete(
         extra.append(
             {"role": "assistant", "content": message.get("content"), "tool_calls": restores}
         )
-        extra.extend([await restorer.answer(call) for call in restores])
+        extra.extend(await restorer.answer_all(restores))
         body = await resend(list(extra))
     if usage is not None:
         answer["usage"] = usage
@@ -345,7 +379,7 @@ async def stream(
             extra.append(
                 {"role": "assistant", "content": "".join(text) or None, "tool_calls": restores}
             )
-            extra.extend([await restorer.answer(call) for call in restores])
+            extra.extend(await restorer.answer_all(restores))
             next_first, next_events = await resend(list(extra))
             round_events = _chain(next_first, next_events)
             continue

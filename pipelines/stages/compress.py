@@ -49,7 +49,7 @@ from pipelines.stage import StageContext
 __all__ = ["Compress"]
 
 _DEDUP_MIN_CHARS: Final = 200
-_NOT_KEPT: Final = "no copy is kept (the offload store is unavailable)"
+_NOT_KEPT: Final = "no copy is kept (the offload store could not take it)"
 _PENDING_REF: Final = "@@contextgate-pending-ref@@"
 """Stands for the ref in shortened arguments until the original is stored."""
 MAX_MIN_SAVING: Final = 3_000

@@ -3,6 +3,7 @@ answers for bad arguments, unknown refs and an unavailable store."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -113,3 +114,35 @@ def test_usage_adds_up_field_by_field() -> None:
         "prompt_tokens_details": {"cached_tokens": 24},
     }
     assert one["prompt_tokens"] == 10  # inputs untouched
+
+
+async def test_a_200_kb_output_comes_back_exactly_range_by_range() -> None:
+    """Following the "call again with start_line" hints until the end gives back the
+    original bytes exactly."""
+    output = "".join(
+        f"{i:06d} event=checkout status=ok latency_ms={i % 700}\n" for i in range(4_500)
+    )
+    assert len(output) > 200_000
+    restorer, ref = await restorer_with(output)
+    pieces, start, calls = [], 1, 0
+    while True:
+        answer = (await restorer.answer(call(ref=ref, start_line=start)))["content"]
+        calls += 1
+        header, body = answer.split("\n", 1)
+        pieces.append(body)
+        found = re.search(r"start_line=(\d+)", header)
+        if found is None:
+            break
+        start = int(found.group(1))
+    assert "".join(pieces) == output
+    assert calls > 10
+
+
+async def test_a_restored_image_is_given_back_as_an_image() -> None:
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    restorer, ref = await restorer_with(orjson.dumps(part).decode())
+    messages = await restorer.answer_all([call(ref=ref)])
+    assert messages[0]["role"] == "tool"
+    assert "follows in the next message" in messages[0]["content"]
+    assert messages[1]["role"] == "user"
+    assert messages[1]["content"][1] == part

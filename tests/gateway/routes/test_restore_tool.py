@@ -296,3 +296,41 @@ def test_a_model_that_keeps_restoring_is_stopped(
     assert completion.choices[0].message.tool_calls is None
     assert completion.choices[0].message.content
     assert raw.headers["x-contextgate-restore"] == "rounds=3, calls=3, exhausted"
+
+
+def test_a_removed_screenshot_is_restored_as_an_image(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The media window removed the oldest screenshot; the model asks for it back and
+    sees it again, byte for byte, as an image part."""
+    import base64
+    import os
+
+    def screenshot() -> dict[str, Any]:
+        data = base64.b64encode(os.urandom(60_000)).decode()
+        return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+    shots = [screenshot() for _ in range(3)]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": f"screen {n}"}, shot]}
+        for n, shot in enumerate(shots)
+    ]
+    replies: list[dict[str, Any]] = []
+
+    def script(received: Any) -> JSONReply:
+        body = received.json()
+        replies.append(body)
+        if len(replies) == 1:
+            ref = REF.search(orjson.dumps(body["messages"]).decode()).group()  # type: ignore[union-attr]
+            return JSONReply(calling(restore_call(ref)))
+        return JSONReply(answer("The first screen shows the login page.", 900))
+
+    upstream.handler = script
+    with client(gateway) as sdk:
+        completion = sdk.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+    assert completion.choices[0].message.content == "The first screen shows the login page."
+    first_sent = replies[0]["messages"][0]["content"]
+    assert shots[0] not in first_sent  # offloaded by the media window
+    restored = replies[1]["messages"][-1]
+    assert restored["role"] == "user"
+    assert restored["content"][1] == shots[0]
