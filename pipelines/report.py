@@ -47,6 +47,11 @@ class Report:
         return [stage.name for stage in self.stages if stage.changed]
 
     @property
+    def store_failures(self) -> int:
+        """Writes to the offload store that failed (the content stayed in place)."""
+        return sum(int(stage.details.get("store_failures", 0)) for stage in self.stages)
+
+    @property
     def failures(self) -> list[str]:
         """Names of the stages that raised and were skipped."""
         return [stage.name for stage in self.stages if stage.error is not None]
@@ -86,6 +91,7 @@ class Report:
             "cache": self.cache,
             "actions": self.actions,
             "failures": self.failures,
+            "store_failures": self.store_failures,
             "stages": [
                 {
                     "name": s.name,

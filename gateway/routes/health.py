@@ -23,9 +23,11 @@ async def healthz() -> ASGIResponse:
 @get("/readyz")
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Ready to serve. A configured Redis that does not answer makes the gateway
-    ``degraded`` (it still serves, keeping content rather than offloading it), not unready."""
+    ``degraded`` (it still serves, keeping content rather than offloading it), not unready.
+    ``store_failures`` counts store operations that failed since start."""
     gateway: Gateway = request.app.state.gateway
     store = await gateway.stores.status()
     status = "degraded" if store == "redis-unreachable" else "ready"
-    body = f'{{"status":"{status}","store":"{store}"}}'.encode()
+    failures = gateway.stores.redis.failures if gateway.stores.redis is not None else 0
+    body = f'{{"status":"{status}","store":"{store}","store_failures":{failures}}}'.encode()
     return ASGIResponse(body=body, media_type=_JSON)

@@ -47,7 +47,7 @@ class Filter:
         limit = ctx.policy.filter_tokens
         rewritten = list(conversation.messages)
         refs: list[str] = []
-        kept_without_store = 0
+        kept_without_store = failures = 0
         for index, message in enumerate(conversation.messages):
             if message.get("role") != "tool":
                 continue
@@ -68,12 +68,18 @@ class Filter:
                 )
             except StoreError:
                 kept_without_store += 1
+                failures += 1
                 continue
             refs.append(ref)
             budget = min(self.preview_chars, limit * 2)
             shown = self._preview(text, budget)
             rewritten[index] = {**message, "content": _header(text, tokens, ref) + "\n" + shown}
-        ctx.record(outputs_offloaded=len(refs), refs=refs, kept_without_store=kept_without_store)
+        ctx.record(
+            outputs_offloaded=len(refs),
+            refs=refs,
+            kept_without_store=kept_without_store,
+            store_failures=failures,
+        )
         if not refs:
             return conversation
         return conversation.with_messages(rewritten)

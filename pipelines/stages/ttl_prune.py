@@ -145,6 +145,7 @@ class TtlPrune:
         try:
             return await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
         except StoreError:
+            ctx.details["store_failures"] = ctx.details.get("store_failures", 0) + 1
             return None
 
     async def _archive(

@@ -20,7 +20,7 @@ def test_readyz_with_reachable_redis(gateway: GatewayServer) -> None:
     """With its Redis answering, the gateway is ready and says it stores in Redis."""
     response = httpx.get(f"{gateway.url}/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ready", "store": "redis"}
+    assert response.json() == {"status": "ready", "store": "redis", "store_failures": 0}
 
 
 def test_readyz_degraded_when_redis_is_down(upstream: MockUpstream) -> None:
@@ -36,7 +36,9 @@ def test_readyz_degraded_when_redis_is_down(upstream: MockUpstream) -> None:
             json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]},
         )
     assert ready.status_code == 200
-    assert ready.json() == {"status": "degraded", "store": "redis-unreachable"}
+    assert ready.json()["status"] == "degraded"
+    assert ready.json()["store"] == "redis-unreachable"
+    assert ready.json()["store_failures"] >= 1
     assert chat.status_code == 200
 
 
@@ -44,4 +46,4 @@ def test_readyz_without_redis(upstream: MockUpstream) -> None:
     """With no Redis configured the store is in memory and the gateway is ready."""
     with GatewayServer(Settings(upstream=UpstreamSettings(base_url=upstream.base_url))) as server:
         response = httpx.get(f"{server.url}/readyz")
-    assert response.json() == {"status": "ready", "store": "memory"}
+    assert response.json() == {"status": "ready", "store": "memory", "store_failures": 0}

@@ -81,10 +81,12 @@ async def test_small_outputs_and_other_messages_untouched() -> None:
 async def test_output_kept_when_it_cannot_be_stored() -> None:
     """Without a store, or with a failing one, the output stays whole."""
 
-    for store in (None, FailingStore()):
+    for store, failed in ((None, 0), (FailingStore(), 1)):
         result = await compact(with_output(BIG_JSON), store)
         assert not result.changed
         assert result.report.stages[0].details["kept_without_store"] == 1
+        assert result.report.store_failures == failed
+        assert result.report.as_dict()["store_failures"] == failed
 
 
 async def test_real_traces_with_a_low_limit() -> None:
