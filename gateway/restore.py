@@ -48,7 +48,8 @@ RESTORE_TOOL_NAME: Final = "context_restore"
 MAX_ROUNDS: Final = 3
 """Rounds of restore calls the gateway answers for one client request."""
 RESTORE_TOKENS: Final = 2_000
-"""Largest restore answer, in tokens."""
+"""Largest restore round, in tokens (shared by the round's calls)."""
+_MIN_ANSWER: Final = 200
 
 RESTORE_TOOL: Final[dict[str, Any]] = {
     "type": "function",
@@ -67,6 +68,11 @@ RESTORE_TOOL: Final[dict[str, Any]] = {
                 "ref": {"type": "string", "description": "The ref, starting with ctx_."},
                 "start_line": {"type": "integer", "minimum": 1},
                 "end_line": {"type": "integer", "minimum": 1},
+                "start_char": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Where to go on inside a very long line.",
+                },
             },
             "required": ["ref"],
             "additionalProperties": False,
@@ -82,8 +88,12 @@ def has_refs(body: bytes) -> bool:
 
 def with_restore_tool(request: dict[str, Any]) -> dict[str, Any] | None:
     """``request`` with the restore tool appended to its tools, or ``None`` when it cannot
-    be: the request uses the legacy ``functions`` field, or defines a tool of that name."""
+    be: the request uses the legacy ``functions`` field, asks for several choices (``n``),
+    or defines a tool of that name."""
     if request.get("functions") is not None:
+        return None
+    n = request.get("n")
+    if isinstance(n, int) and n > 1:
         return None
     tools = request.get("tools") or []
     for tool in tools:
@@ -121,22 +131,29 @@ class Restorer:
     namespace: str
     counter: TokenCounter
     stats: RestoreStats = field(default_factory=RestoreStats)
+    room: int | None = None
+    """Tokens the restore answers of this request may add in all (the input budget less
+    what was sent); ``None``: only the per-round cap applies."""
     _media: list[dict[str, Any]] = field(default_factory=list)
 
-    async def answer(self, call: Mapping[str, Any]) -> dict[str, Any]:
-        """The tool message answering one restore call."""
+    async def answer(self, call: Mapping[str, Any], budget: int = RESTORE_TOKENS) -> dict[str, Any]:
+        """The tool message answering one restore call, in at most ``budget`` tokens."""
         self.stats.calls += 1
         return {
             "role": "tool",
             "tool_call_id": call.get("id"),
-            "content": await self._content(_arguments(call)),
+            "content": await self._content(_arguments(call), max(budget, _MIN_ANSWER)),
         }
 
     async def answer_all(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The messages answering ``calls``: a tool message each, then, if any restored
-        object was an image (or other media part), one user message carrying them, since
-        a tool message can only hold text."""
-        messages = [await self.answer(call) for call in calls]
+        """The messages answering ``calls``, which share this round's budget: a tool
+        message each, then, if any restored object was an image (or other media part),
+        one user message carrying them, since a tool message can only hold text."""
+        round_budget = min(RESTORE_TOKENS, self.room) if self.room is not None else RESTORE_TOKENS
+        each = round_budget // max(1, len(calls))
+        messages = [await self.answer(call, each) for call in calls]
+        if self.room is not None:
+            self.room -= sum(self.counter.count_message(m) for m in messages)
         if self._media:
             parts: list[dict[str, Any]] = [
                 {"type": "text", "text": "[Restored media, as requested with context_restore.]"}
@@ -146,7 +163,7 @@ class Restorer:
             self._media = []
         return messages
 
-    async def _content(self, arguments: str) -> str:
+    async def _content(self, arguments: str, budget: int) -> str:
         try:
             args = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError:
@@ -154,11 +171,14 @@ class Restorer:
         ref = args.get("ref") if isinstance(args, dict) else None
         if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref.strip()):
             return 'context_restore: pass the ref named in a placeholder, e.g. {"ref": "ctx_..."}.'
-        start, end = args.get("start_line"), args.get("end_line")
-        if not all(v is None or (isinstance(v, int) and v >= 1) for v in (start, end)):
-            return "context_restore: start_line and end_line must be whole numbers from 1."
+        ref = ref.strip()
+        start, end, char = args.get("start_line"), args.get("end_line"), args.get("start_char")
+        if not all(v is None or (type(v) is int and v >= 1) for v in (start, end, char)):
+            return (
+                "context_restore: start_line, end_line and start_char must be whole numbers from 1."
+            )
         try:
-            content = await self.store.get(self.namespace, ref.strip())
+            content = await self.store.get(self.namespace, ref)
         except StoreError:
             return f"context_restore: the store is unavailable right now; {ref} cannot be read."
         if content is None:
@@ -167,33 +187,51 @@ class Restorer:
         if media is not None:
             self._media.append(media)
             return f"[{ref} is a {media['type']} part; it follows in the next message.]"
-        text = content.decode("utf-8", "replace")
-        lines = text.splitlines(keepends=True)
+        # Lines as the objects route counts them (bytes.splitlines).
+        lines = [line.decode("utf-8", "replace") for line in content.splitlines(keepends=True)]
         first = start or 1
         last = min(end or len(lines), len(lines))
-        if first > max(last, 1) or (lines and first > len(lines)):
+        if first > len(lines) or first > last:
             return (
-                f"context_restore: {ref} has {len(lines)} lines;"
-                f" start_line {first} is past the end."
+                f"context_restore: {ref} has {len(lines)} lines; lines {first}-{end or first}"
+                " are not in it."
             )
         shown: list[str] = []
         used = 0
-        for line in lines[first - 1 : last]:
+        offset = (char or 1) - 1
+        for number in range(first, last + 1):
+            line = lines[number - 1][offset:] if number == first else lines[number - 1]
             tokens = self.counter.count_text(line)
-            if shown and used + tokens > RESTORE_TOKENS:
+            if used + tokens <= budget:
+                shown.append(line)
+                used += tokens
+                continue
+            if shown:
                 break
-            if not shown and tokens > RESTORE_TOKENS:
-                line = line[: RESTORE_TOKENS * 3] + " ...(line cut)\n"
-            shown.append(line)
-            used += tokens
+            # One line over the budget on its own: a piece of it, and where to go on.
+            piece = _fitting(line, budget, self.counter)
+            cut_at = offset + len(piece) + 1
+            return (
+                f"[{ref}: line {number} of {len(lines)}, characters {offset + 1}-{cut_at - 1}"
+                f" of {len(lines[number - 1])}. Call again with start_line={number},"
+                f" start_char={cut_at} for more.]\n{piece}"
+            )
         through = first + len(shown) - 1
-        whole = first == 1 and through == len(lines)
-        if whole:
+        if first == 1 and not offset and through == len(lines):
             return "".join(shown)
         more = (
             f" Call again with start_line={through + 1} for more." if through < len(lines) else ""
         )
-        return f"[{ref}: lines {first}-{through} of {len(lines)}.{more}]\n" + "".join(shown)
+        part = f", from character {offset + 1}" if offset else ""
+        return f"[{ref}: lines {first}-{through} of {len(lines)}{part}.{more}]\n" + "".join(shown)
+
+
+def _fitting(text: str, budget: int, counter: TokenCounter) -> str:
+    """The longest head of ``text`` within ``budget`` tokens (a few halvings at most)."""
+    size = min(len(text), budget * 4)
+    while size > 1 and counter.count_text(text[:size]) > budget:
+        size = size * budget // max(counter.count_text(text[:size]), 1) * 9 // 10 or size // 2
+    return text[:size]
 
 
 def _media_part(content: bytes) -> dict[str, Any] | None:
@@ -250,7 +288,10 @@ async def complete(
     extra: list[dict[str, Any]] = []
     usage: dict[str, Any] | None = None
     while True:
-        answer = orjson.loads(body)
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
         if not isinstance(answer, dict):
             return body
         usage = add_usage(usage, answer.get("usage"))
@@ -300,7 +341,8 @@ async def stream(
     once, the client's tool-call deltas once their name is known (renumbered to leave no
     gap), restore calls held and answered, the next round's stream continuing the same
     stream for the client (same id), one usage chunk with the totals and one ``[DONE]`` at
-    the end. ``resend`` opens the next round's stream (its first event and the rest)."""
+    the end. ``resend`` opens the next round's stream (its first event and the rest).
+    Only for single-choice requests (``with_restore_tool`` refuses ``n > 1``)."""
     stats = restorer.stats
     extra: list[dict[str, Any]] = []
     usage: dict[str, Any] | None = None
@@ -308,73 +350,66 @@ async def stream(
     template: dict[str, Any] = {"object": "chat.completion.chunk"}
     round_events: AsyncIterator[bytes] = _chain(first, events)
     while True:
+        calls = _Calls()
         text: list[str] = []
-        restore_calls: dict[int, dict[str, Any]] = {}
-        client_index: dict[int, int] = {}
         finish: dict[str, Any] | None = None
         done: bytes | None = None
-        async for event in round_events:
-            data = event_data(event)
-            if data.strip() == b"[DONE]":
-                done = event
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                yield event
-                continue
-            if not isinstance(chunk, dict):
-                yield event
-                continue
-            if stream_id is None:
-                stream_id = chunk.get("id")
-                template = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
-            elif "id" in chunk:
-                chunk["id"] = stream_id
-            if chunk.get("usage"):
-                usage = add_usage(usage, chunk.pop("usage"))
-                if not chunk.get("choices"):
+        round_usage: Any = None
+        try:
+            async for event in round_events:
+                data = event_data(event)
+                if data.strip() == b"[DONE]":
+                    done = event
                     continue
-            choices = chunk.get("choices")
-            if not isinstance(choices, list) or len(choices) != 1:
-                yield _event(chunk)
-                continue
-            choice = choices[0]
-            delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                text.append(delta["content"])
-            deltas = delta.get("tool_calls")
-            if isinstance(deltas, list):
-                passed = []
-                for part in deltas:
-                    index = part.get("index", 0)
-                    if index in restore_calls:
-                        _accumulate(restore_calls[index], part)
-                    elif index in client_index:
-                        passed.append({**part, "index": client_index[index]})
-                    elif _is_restore(part):
-                        restore_calls[index] = _accumulate(
-                            {
-                                "id": part.get("id"),
-                                "type": "function",
-                                "function": {"name": RESTORE_TOOL_NAME, "arguments": ""},
-                            },
-                            part,
-                        )
-                    else:
-                        client_index[index] = len(client_index)
-                        passed.append({**part, "index": client_index[index]})
-                if passed:
-                    delta["tool_calls"] = passed
-                else:
-                    del delta["tool_calls"]
-            if choice.get("finish_reason") is not None:
-                finish = chunk
-                continue
-            if delta or choice.get("logprobs"):
-                yield _event(chunk)
-        restores = [restore_calls[i] for i in sorted(restore_calls)]
-        if restores and not client_index and stats.rounds < MAX_ROUNDS:
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    yield event
+                    continue
+                if not isinstance(chunk, dict):
+                    yield event
+                    continue
+                if stream_id is None:
+                    stream_id = chunk.get("id")
+                    template = {
+                        k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk
+                    }
+                elif "id" in chunk:
+                    chunk["id"] = stream_id
+                if "usage" in chunk:
+                    # Some providers repeat a running total in every chunk: the last counts.
+                    round_usage = chunk.pop("usage") or round_usage
+                    if not chunk.get("choices"):
+                        continue
+                choices = chunk.get("choices")
+                if not isinstance(choices, list) or len(choices) != 1:
+                    yield _event(chunk)
+                    continue
+                choice = choices[0]
+                delta = choice.get("delta") or {}
+                if isinstance(delta.get("content"), str):
+                    text.append(delta["content"])
+                deltas = delta.pop("tool_calls", None)
+                if isinstance(deltas, list):
+                    passed = calls.take(deltas)
+                    if passed:
+                        delta["tool_calls"] = passed
+                if choice.get("finish_reason") is not None:
+                    # Held until the round's outcome is known; what else it carries goes now.
+                    finish = {**chunk, "choices": [{**choice, "delta": {}}]}
+                    choice["finish_reason"] = None
+                if delta or choice.get("logprobs"):
+                    yield _event(chunk)
+        finally:
+            aclose = getattr(round_events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        usage = add_usage(usage, round_usage)
+        leftover = calls.flush()
+        if leftover:
+            yield _event({**template, "choices": [{"index": 0, "delta": {"tool_calls": leftover}}]})
+        restores = calls.restores()
+        if restores and not calls.client and stats.rounds < MAX_ROUNDS:
             stats.rounds += 1
             extra.append(
                 {"role": "assistant", "content": "".join(text) or None, "tool_calls": restores}
@@ -384,20 +419,90 @@ async def stream(
             round_events = _chain(next_first, next_events)
             continue
         if restores:
-            stats.mixed += bool(client_index)
-            stats.exhausted = stats.exhausted or not client_index
+            stats.mixed += bool(calls.client)
+            stats.exhausted = stats.exhausted or not calls.client
         if finish is not None:
             choice = finish["choices"][0]
-            if restores and not client_index:
+            if restores and not calls.client:
                 choice["finish_reason"] = "stop"
                 if not text:
-                    choice["delta"] = {**(choice.get("delta") or {}), "content": _EXHAUSTED}
+                    choice["delta"] = {"content": _EXHAUSTED}
             yield _event(finish)
         if usage is not None:
             yield _event({**template, "choices": [], "usage": usage})
         if done is not None:
             yield done
         return
+
+
+class _Calls:
+    """The tool calls of one streamed round: whose each is, decided by its name."""
+
+    __slots__ = ("_held", "_order", "_restore", "client")
+
+    def __init__(self) -> None:
+        self._restore: dict[Any, dict[str, Any]] = {}
+        self.client: dict[Any, int] = {}
+        """Client calls by their upstream key, with the index the client sees."""
+        self._held: dict[Any, list[dict[str, Any]]] = {}
+        self._order: list[Any] = []
+
+    def take(self, deltas: list[Any]) -> list[dict[str, Any]]:
+        """The deltas the client gets now (renumbered); restore deltas are kept."""
+        passed: list[dict[str, Any]] = []
+        for position, part in enumerate(deltas):
+            if not isinstance(part, dict):
+                continue
+            key = _call_key(part, position, self._order)
+            if key in self._restore:
+                _accumulate(self._restore[key], part)
+            elif key in self.client:
+                passed.append({**part, "index": self.client[key]})
+            else:
+                held = self._held.setdefault(key, [])
+                held.append(part)
+                name = next((_name(p) for p in held if _name(p)), None)
+                if name is None:
+                    continue  # not known yet whose it is
+                del self._held[key]
+                if name == RESTORE_TOOL_NAME:
+                    call = {k: v for k, v in held[0].items() if k != "index"}
+                    call["type"] = "function"
+                    call["function"] = {"name": RESTORE_TOOL_NAME, "arguments": ""}
+                    for piece in held:
+                        _accumulate(call, piece)
+                    self._restore[key] = call
+                else:
+                    self.client[key] = len(self.client)
+                    passed.extend({**p, "index": self.client[key]} for p in held)
+        return passed
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Deltas still held at the end of the round (no name ever came): the client's."""
+        passed: list[dict[str, Any]] = []
+        for key, held in self._held.items():
+            self.client[key] = len(self.client)
+            passed.extend({**p, "index": self.client[key]} for p in held)
+        self._held.clear()
+        return passed
+
+    def restores(self) -> list[dict[str, Any]]:
+        return [self._restore[key] for key in self._order if key in self._restore]
+
+
+def _call_key(part: dict[str, Any], position: int, order: list[Any]) -> Any:
+    """Which call a delta belongs to: its ``index``, else its id, else its position."""
+    index = part.get("index")
+    key = index if isinstance(index, int) else part.get("id") or f"position {position}"
+    if key not in order:
+        order.append(key)
+    return key
+
+
+def _name(part: dict[str, Any]) -> str | None:
+    function = part.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _accumulate(call: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:

@@ -91,6 +91,8 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     breaker_failures: int = 3
     """Consecutive failures after which the store is not asked for ``breaker_cooldown``."""
     breaker_cooldown: float = 5.0
+    max_connections: int = 256
+    """Redis connections per gateway process; past it, calls wait (within the timeout)."""
 
     def __post_init__(self) -> None:
         if self.secret is not None and len(self.secret) < 32:
@@ -101,6 +103,8 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("store.max_object_bytes must be between 1 KiB and 512 MiB")
         if self.memory_max_bytes < self.max_object_bytes:
             raise ConfigError("store.memory_max_bytes must be at least max_object_bytes")
+        if not 1 <= self.max_connections <= 10_000:
+            raise ConfigError("store.max_connections must be between 1 and 10000")
         if self.breaker_failures < 1 or self.breaker_cooldown <= 0:
             raise ConfigError("store.breaker_failures must be >= 1, breaker_cooldown > 0")
 

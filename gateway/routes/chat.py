@@ -20,7 +20,7 @@ from gateway.compaction import ChatRequest, compact_request, is_context_overflow
 from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, first_event, is_event_stream, streamed_response
-from gateway.restore import Restorer, has_refs, with_restore_tool
+from gateway.restore import RESTORE_TOOL, Restorer, has_refs, with_restore_tool
 from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
 from gateway.upstream import upstream_request_headers
@@ -54,8 +54,14 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
             tooled = with_restore_tool(outgoing)
             if tooled is not None:
                 outgoing, content = tooled, orjson.dumps(tooled)
+                counter = _counter(gateway, outgoing)
                 restorer = Restorer(
-                    gateway.stores.objects, chat.namespace, _counter(gateway, outgoing)
+                    gateway.stores.objects,
+                    chat.namespace,
+                    counter,
+                    room=result.report.budget
+                    - result.report.tokens_after
+                    - counter.count_tools([RESTORE_TOOL]),
                 )
         sent_at = time.time()
         response = await while_connected(

@@ -23,6 +23,12 @@ from pipelines import StoreError
 __all__ = ["get_object", "line_range"]
 
 
+class RangeNotSatisfiable(GatewayError):
+    status = 416
+    type = "invalid_request_error"
+    default_code = "range_not_satisfiable"
+
+
 class StoreUnavailable(GatewayError):
     status = 503
     type = "api_error"
@@ -60,8 +66,13 @@ async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
     body = content
     if start is not None or end is not None:
         first, last = start or 1, min(end or lines, lines)
+        if first > last:
+            raise RangeNotSatisfiable(
+                f"The object has {lines} lines; lines {first}-{end or first} are not in it.",
+                param="start_line",
+            )
         body = line_range(content, first, last)
-        headers["x-contextgate-object-range"] = f"lines={first}-{last}" if first <= last else ""
+        headers["x-contextgate-object-range"] = f"lines={first}-{last}"
     try:
         body.decode()
         media_type = "text/plain; charset=utf-8"
@@ -80,7 +91,7 @@ def line_range(content: bytes, first: int, last: int) -> bytes:
 def _line_param(value: str | None, name: str) -> int | None:
     if value is None:
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdecimal() and len(value) <= 9) or int(value) < 1:
         raise InvalidRequest(
             f"{name} must be a whole number from 1, got {value!r}", code="invalid_range", param=name
         )

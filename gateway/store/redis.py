@@ -110,14 +110,19 @@ class RedisBackend:
 
     def __init__(self, url: str, settings: StoreSettings) -> None:
         self.settings = settings
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
+        # A blocking pool: past ``max_connections`` a call waits for a free connection
+        # (within its deadline) instead of failing at once, as the default pool does.
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=settings.max_connections,
+            timeout=settings.timeout,
             socket_timeout=settings.timeout,
             socket_connect_timeout=settings.timeout,
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
             health_check_interval=0,
         )
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown)
         self.failures = 0
         """Operations that failed (timeouts, refused connections, errors) or were refused
@@ -157,6 +162,11 @@ class RedisBackend:
                 mine = self._secret or secrets.token_urlsafe(32).encode()
 
                 async def fetch() -> bytes | None:
+                    # Read first: SET is refused by a Redis at maxmemory even when the key
+                    # is there, and the common case is that it is.
+                    value = await self.client.get(SECRET_KEY)
+                    if isinstance(value, bytes) and value:
+                        return value
                     async with self.client.pipeline(transaction=False) as pipe:
                         pipe.set(SECRET_KEY, mine, nx=True)
                         pipe.get(SECRET_KEY)
@@ -179,6 +189,7 @@ class RedisBackend:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.client.connection_pool.disconnect()
 
 
 def namespace_id(namespace: str) -> str:

@@ -8,9 +8,11 @@ with another, and neither the key nor a public hash of it is ever stored.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -18,15 +20,84 @@ from gateway.settings import Settings
 from gateway.store.conversations import ConversationRecords, MemoryConversations
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
-from pipelines import OffloadStore, StoreError
+from pipelines import ConversationState, OffloadStore, StoreError
 
-__all__ = ["ANONYMOUS", "Stores"]
+__all__ = ["ANONYMOUS", "UNRESOLVED", "Deadlined", "Stores"]
 
 ANONYMOUS: Final = "anonymous"
 """The namespace of callers that send no key (a gateway with its own upstream key)."""
 UNRESOLVED: Final = "unresolved"
 """The namespace while the shared secret cannot be read: nothing is stored under it, as
 the store that holds the secret is the one that is down."""
+
+
+class _Guarded:
+    """A store that refuses the ``unresolved`` namespace: without the secret, callers
+    cannot be told apart, so nothing may be written or read for them."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: OffloadStore) -> None:
+        self.inner = inner
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        if namespace == UNRESOLVED:
+            raise StoreError("the store's secret cannot be read; callers cannot be told apart")
+        return await self.inner.put(namespace, content, ttl=ttl)
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        if namespace == UNRESOLVED:
+            raise StoreError("the store's secret cannot be read; callers cannot be told apart")
+        return await self.inner.get(namespace, ref)
+
+
+class _GuardedRecords:
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: ConversationRecords) -> None:
+        self.inner = inner
+
+    async def get(self, namespace: str, conversation: str) -> ConversationState | None:
+        return None if namespace == UNRESOLVED else await self.inner.get(namespace, conversation)
+
+    async def put(self, namespace: str, conversation: str, state: ConversationState) -> None:
+        if namespace != UNRESOLVED:
+            await self.inner.put(namespace, conversation, state)
+
+
+class Deadlined:
+    """An offload store whose operations for one request share one deadline: a Redis
+    that answers, but slowly, cannot hold a request with many offloads for many
+    timeouts; once the time is used up, the rest of the content stays in place."""
+
+    __slots__ = ("_deadline", "inner")
+
+    def __init__(self, inner: OffloadStore, seconds: float) -> None:
+        self.inner = inner
+        self._deadline = time.monotonic() + seconds
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        try:
+            async with asyncio.timeout(self._remaining()):
+                return await self.inner.put(namespace, content, ttl=ttl)
+        except TimeoutError as exc:
+            raise StoreError(_USED_UP) from exc
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        try:
+            async with asyncio.timeout(self._remaining()):
+                return await self.inner.get(namespace, ref)
+        except TimeoutError as exc:
+            raise StoreError(_USED_UP) from exc
+
+    def _remaining(self) -> float:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise StoreError(_USED_UP)
+        return remaining
+
+
+_USED_UP: Final = "the store's time for this request is used up"
 
 
 @dataclass(slots=True)
@@ -41,7 +112,12 @@ class Stores:
         store = settings.store
         if settings.redis_url:
             backend = RedisBackend(settings.redis_url, store)
-            return cls(RedisStore(backend), RedisConversations(backend), backend, None)
+            return cls(
+                _Guarded(RedisStore(backend)),
+                _GuardedRecords(RedisConversations(backend)),
+                backend,
+                None,
+            )
         secret = store.secret.encode() if store.secret else secrets.token_bytes(32)
         objects = MemoryStore(
             max_bytes=store.memory_max_bytes,
@@ -49,6 +125,13 @@ class Stores:
             secret=secret,
         )
         return cls(objects, MemoryConversations(), None, secret)
+
+    def for_request(self) -> OffloadStore:
+        """The objects store as one request's pipeline uses it: with Redis, all its
+        operations together bounded by the store timeout."""
+        if self.redis is None:
+            return self.objects
+        return Deadlined(self.objects, self.redis.settings.timeout)
 
     async def namespace_of(self, credential: str | None) -> str:
         """The namespace of a caller presenting ``credential`` (its upstream key)."""

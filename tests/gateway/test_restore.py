@@ -63,7 +63,8 @@ async def test_a_large_object_comes_in_ranges_within_the_budget() -> None:
         ('{"ref": "nope"}', "pass the ref"),
         ('{"ref": "ctx_AAAAAAAAAAAAAAAAAAAAAAAA"}', "nothing is stored"),
         ('{"ref": "%s", "start_line": 0}', "whole numbers"),
-        ('{"ref": "%s", "start_line": 5000}', "past the end"),
+        ('{"ref": "%s", "start_line": 5000}', "are not in it"),
+        ('{"ref": "%s", "start_line": true}', "whole numbers"),
     ],
 )
 async def test_bad_calls_get_an_answer_the_model_can_act_on(arguments: str, says: str) -> None:

@@ -334,3 +334,18 @@ def test_a_removed_screenshot_is_restored_as_an_image(
     restored = replies[1]["messages"][-1]
     assert restored["role"] == "user"
     assert restored["content"][1] == shots[0]
+
+
+def test_a_success_that_is_not_json_is_relayed_as_it_is(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    upstream.push(JSONReply(b"<html>ok</html>", headers={"content-type": "text/html"}))  # type: ignore[arg-type]
+    import httpx
+
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": history("html")},
+        headers={"authorization": "Bearer sk-alice", **POLICY},
+    )
+    assert response.status_code == 200
+    assert response.content == b"<html>ok</html>"

@@ -177,3 +177,32 @@ async def test_a_configured_secret_is_never_replaced(server: RedisServer) -> Non
     assert await one.put("ns", b"content", ttl=60) == ref
     assert await one.backend.client.get("cg:secret") is None
     await one.backend.aclose()
+
+
+async def test_the_unresolved_namespace_is_refused() -> None:
+    """Without the secret callers cannot be told apart: nothing is stored or read for
+    them, and their records are neither read nor written."""
+    from gateway.settings import Settings
+    from gateway.store.stores import UNRESOLVED, Stores
+
+    stores = Stores.build(Settings(redis_url="redis://127.0.0.1:1/0"))
+    with pytest.raises(StoreError):
+        await stores.objects.put(UNRESOLVED, b"x", ttl=60)
+    with pytest.raises(StoreError):
+        await stores.objects.get(UNRESOLVED, "ctx_" + "A" * 24)
+    assert await stores.conversations.get(UNRESOLVED, "c") is None
+    assert await stores.namespace_of("sk-a") == UNRESOLVED  # Redis is not there
+    await stores.aclose()
+
+
+async def test_the_secret_is_read_before_it_is_written(server: RedisServer) -> None:
+    """A Redis at maxmemory refuses SET even when the key is there; reading first keeps
+    the shared secret (and so the namespaces) available."""
+    store = store_on(server.url)
+    ref = await store.put("ns", b"content", ttl=60)
+    await store.backend.client.config_set("maxmemory", "1")
+    await store.backend.client.config_set("maxmemory-policy", "noeviction")
+    store.backend._secret_confirmed = False  # as after any failure
+    assert await store.backend.secret()
+    assert await store.get("ns", ref) == b"content"
+    await store.backend.aclose()
