@@ -65,6 +65,9 @@ async def test_replayed_traces_fit_stay_valid_and_stable(max_input: int) -> None
             assert_valid(out)
             assert_valid_request(result.request)
             assert out[0] == history[0]
+            compress = report.stage("compress")
+            if compress is None or "emergency_shortened" not in compress.details:
+                assert out[1] == history[1]  # the first user message (the anchor)
             latest_user = max(i for i, m in enumerate(history) if m["role"] == "user")
             assert history[latest_user] in out
             for ref in REF.findall(orjson.dumps(out).decode()):
