@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
 from collections.abc import Sequence
 
@@ -12,6 +13,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.headers import policy_from_header
 from gateway.settings import ConfigError, load_settings
+from gateway.tenants import hash_key
 
 __all__ = ["main"]
 
@@ -35,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
         "--policy", help="policy as in the header, e.g. 'mode=truncate, trigger=0.6'"
     )
     compact.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
+    hash_key = commands.add_parser(
+        "hash-key",
+        help="print the hash of a gateway key for a tenant's `keys` (reads the key from stdin,"
+        " or makes a new one with --new)",
+    )
+    hash_key.add_argument(
+        "--new", action="store_true", help="generate a new key; print it, then its hash"
+    )
     return parser
 
 
@@ -80,6 +90,19 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash_key(args: argparse.Namespace) -> int:
+    if args.new:
+        key = "cg-" + secrets.token_urlsafe(32)
+        print(key)
+    else:
+        key = sys.stdin.readline().strip()
+        if len(key) < 16:
+            print("contextgate: a gateway key must be at least 16 characters", file=sys.stderr)
+            return 2
+    print(hash_key(key))
+    return 0
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as handle:
         return handle.read()
@@ -88,6 +111,8 @@ def _read(path: str) -> bytes:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "hash-key":
+            return _hash_key(args)
         return _serve(args) if args.command == "serve" else _compact(args)
     except ConfigError as exc:
         print(f"contextgate: configuration error: {exc}", file=sys.stderr)

@@ -8,12 +8,12 @@ was too long for its window anyway, the same request is compacted again to half 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from litestar import Request
 
+from gateway.auth import Caller, caller_of
 from gateway.client import read_body
 from gateway.codecs.openai import parse_chat_request
 from gateway.errors import InvalidRequest, RequestRejectedError
@@ -25,7 +25,6 @@ from pipelines.budget import BUDGET_FLOOR
 __all__ = [
     "CONVERSATION_HEADER",
     "ChatRequest",
-    "caller_credential",
     "compact_request",
     "is_context_overflow",
     "recompact",
@@ -58,6 +57,7 @@ class ChatRequest:
     hash of the namespace, system prompt and first user message."""
     state: ConversationState | None
     """The conversation's record as it was before this request."""
+    caller: Caller
 
 
 async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
@@ -68,11 +68,12 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     )
     body = parse_chat_request(raw)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
-    namespace = await gateway.stores.namespace_of(caller_credential(request.headers))
+    caller = await caller_of(request)
+    namespace = caller.namespace
     conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
     state = await gateway.stores.conversations.get(namespace, conversation)
     result = await _compact(gateway, body, policy, state, namespace)
-    return ChatRequest(raw, body, policy, result, namespace, conversation, state)
+    return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
 
 
 async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
@@ -97,15 +98,6 @@ def is_context_overflow(status: int, body: bytes) -> bool:
         return False
     text = body[:4096].decode("utf-8", "replace").lower()
     return any(phrase in text for phrase in OVERFLOW_PHRASES)
-
-
-def caller_credential(headers: Mapping[str, str]) -> str | None:
-    """The upstream key the caller presents: ``Authorization: Bearer``, or ``x-api-key``."""
-    authorization = headers.get("authorization")
-    if authorization:
-        scheme, _, token = authorization.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else authorization
-    return headers.get("x-api-key") or None
 
 
 def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:

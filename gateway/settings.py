@@ -21,7 +21,14 @@ import yaml
 
 from pipelines import ModelInfo, Policy, PolicyError
 
-__all__ = ["ConfigError", "Settings", "StoreSettings", "UpstreamSettings", "load_settings"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "StoreSettings",
+    "TenantSettings",
+    "UpstreamSettings",
+    "load_settings",
+]
 
 
 class ConfigError(ValueError):
@@ -109,6 +116,39 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("store.breaker_failures must be >= 1, breaker_cooldown > 0")
 
 
+class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A team sharing the gateway: its gateway keys (as hashes), its upstream key, its
+    namespace for offloaded content."""
+
+    name: str
+    """Lower-case letters, digits and dashes; names the tenant's namespace."""
+    keys: tuple[str, ...]
+    """Hashes of the tenant's gateway keys, as ``contextgate hash-key`` prints them."""
+    upstream_api_key: str | None = None
+    """The key sent upstream for this tenant (by ``${ENV}`` reference); ``None``: the
+    global ``upstream.api_key``."""
+
+    def __post_init__(self) -> None:
+        if not _TENANT_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"tenants: name {self.name!r} must be 1-64 lower-case letters, digits or dashes"
+            )
+        if not self.keys:
+            raise ConfigError(f"tenants[{self.name}]: needs at least one key hash")
+        for key in self.keys:
+            if not _KEY_HASH.fullmatch(key):
+                raise ConfigError(
+                    f"tenants[{self.name}]: {key[:12]!r}... is not a key hash; store"
+                    " `contextgate hash-key` output (sha256:<64 hex digits>), never the key"
+                )
+        if self.upstream_api_key == "":
+            raise ConfigError(f"tenants[{self.name}]: upstream_api_key is empty")
+
+
+_TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything the gateway is configured with."""
 
@@ -124,10 +164,26 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``pipelines.ModelInfo``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
+    tenants: tuple[TenantSettings, ...] = ()
+    """Teams sharing the gateway; none: passthrough mode (callers' own keys go upstream)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
+        names: set[str] = set()
+        hashes: set[str] = set()
+        for tenant in self.tenants:
+            if tenant.name in names:
+                raise ConfigError(f"tenants: {tenant.name!r} appears twice")
+            names.add(tenant.name)
+            if hashes & set(tenant.keys):
+                raise ConfigError(f"tenants[{tenant.name}]: a key hash belongs to two tenants")
+            hashes.update(tenant.keys)
+            if tenant.upstream_api_key is None and self.upstream.api_key is None:
+                raise ConfigError(
+                    f"tenants[{tenant.name}]: no upstream key (set upstream_api_key, or"
+                    " upstream.api_key for all); a tenant's gateway key is never sent upstream"
+                )
 
     def default_policy(self) -> Policy:
         try:

@@ -11,6 +11,7 @@ import httpx
 
 from gateway.settings import Settings
 from gateway.store import Stores
+from gateway.tenants import Tenants
 from gateway.upstream import Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 
@@ -30,6 +31,7 @@ class Gateway:
     upstream: Upstream
     default_policy: Policy
     stores: Stores
+    tenants: Tenants
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
@@ -52,6 +54,7 @@ class Gateway:
             upstream=Upstream(settings.upstream, transport=transport),
             default_policy=settings.default_policy(),
             stores=stores,
+            tenants=Tenants(settings),
         )
 
     def warm(self) -> None:

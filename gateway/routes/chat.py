@@ -41,7 +41,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
     chat = await compact_request(request)
-    headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
+    headers = upstream_request_headers(request.headers.items(), chat.caller.upstream_key)
     headers["content-type"] = "application/json"
     upstream = gateway.upstream
     own_ms = (perf_counter() - started) * 1000

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
+from gateway.auth import caller_of
 from gateway.client import while_connected
 from gateway.headers import report_headers
 from gateway.relay import buffered_response
@@ -23,7 +24,8 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
-    headers = upstream_request_headers(request.headers.items(), gateway.settings.upstream.api_key)
+    caller = await caller_of(request)
+    headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
     own_ms = (perf_counter() - started) * 1000
     upstream = gateway.upstream
     response = await while_connected(

@@ -14,7 +14,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.compaction import caller_credential
+from gateway.auth import caller_of
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.state import Gateway, new_request_id
 from gateway.store import REF_PATTERN
@@ -40,6 +40,7 @@ async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
     ref: str = request.path_params["ref"]
     request_id = request.state.request_id = new_request_id()
     gateway: Gateway = request.app.state.gateway
+    namespace = (await caller_of(request)).namespace
     start = _line_param(request.query_params.get("start_line"), "start_line")
     end = _line_param(request.query_params.get("end_line"), "end_line")
     if start is not None and end is not None and end < start:
@@ -50,7 +51,6 @@ async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
         )
     if not REF_PATTERN.fullmatch(ref):
         raise NotFound(f"No object {ref!r}.", param="ref")
-    namespace = await gateway.stores.namespace_of(caller_credential(request.headers))
     try:
         content = await gateway.stores.objects.get(namespace, ref)
     except StoreError as exc:
