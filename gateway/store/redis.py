@@ -17,9 +17,16 @@ Keys (Redis Cluster and Valkey compatible):
 - ``cg:secret``: the refs' HMAC key when the configuration gives none: created once by
   whichever replica gets there first (``SET NX``), read by the others.
 
-A write is acknowledged by Redis before its ref is returned. An object already stored
-(a resent history brings the same content back every turn) has its TTL renewed with
-``EXPIRE``, which also confirms it is still there; only when it is not is it sent again.
+A write is acknowledged by Redis before its ref is returned. A resent history brings the
+same objects back every turn; re-confirming each would cost a round trip per object per
+request. Instead ``cg:epoch``, a random value set once, is read with the conversation
+record at the start of each request: while it is unchanged Redis has not lost data, and
+objects this process stored (within half their TTL, at most an hour) are taken as still
+there without asking. A missing or changed epoch (a restart without persistence, a flush),
+or any failure, forgets them all; then an object is confirmed with ``EXPIRE`` (which also
+renews its TTL) and sent again only if it is gone. Redis must not evict keys on its own
+(``maxmemory-policy noeviction``): an evicted object would be gone whatever the gateway
+did.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
@@ -48,6 +55,11 @@ __all__ = ["CircuitBreaker", "RedisBackend", "RedisConversations", "RedisStore"]
 T = TypeVar("T")
 
 SECRET_KEY: Final = "cg:secret"
+EPOCH_KEY: Final = "cg:epoch"
+_CONFIRMED_FOR: Final = 2.0
+"""Seconds an epoch confirmation vouches for the objects this process knows of: one
+request's worth (each request confirms it with its conversation record's read)."""
+_KNOWN_FOR: Final = 3_600.0
 _RAW, _ZLIB = b"r", b"z"
 _KNOWN_REFS: Final = 65_536
 _RECORD_TTL: Final = 86_400
@@ -104,7 +116,10 @@ class RedisBackend:
         "_secret_lock",
         "breaker",
         "client",
+        "confirmed_at",
+        "epoch",
         "failures",
+        "known",
         "settings",
     )
 
@@ -133,6 +148,48 @@ class RedisBackend:
         """Whether Redis is known to hold the secret we use: after any failure (Redis may
         have restarted empty) it is published again before the next write."""
         self._secret_lock = asyncio.Lock()
+        self.known: OrderedDict[str, float] = OrderedDict()
+        """Object keys this process stored, with until when that knowledge is trusted."""
+        self.epoch: bytes | None = None
+        """The value of ``cg:epoch`` last seen: a Redis that lost its data has none (or
+        another), and everything in ``known`` is forgotten."""
+        self.confirmed_at = 0.0
+        """When the epoch was last confirmed (monotonic)."""
+
+    def trusted(self, key: str) -> bool:
+        """Whether ``key`` is known to be stored, as of an epoch confirmed just now."""
+        now = time.monotonic()
+        until = self.known.get(key)
+        return until is not None and until > now and now - self.confirmed_at < _CONFIRMED_FOR
+
+    def remember(self, key: str, ttl: int) -> None:
+        self.known[key] = time.monotonic() + min(ttl / 2, _KNOWN_FOR)
+        self.known.move_to_end(key)
+        if len(self.known) > _KNOWN_REFS:
+            self.known.popitem(last=False)
+
+    def confirm_epoch(self, seen: bytes | None) -> bool:
+        """Record the epoch read from Redis; False when Redis has none (to be set)."""
+        if seen is None:
+            self.known.clear()
+            return False
+        if seen != self.epoch:
+            self.known.clear()
+            self.epoch = seen
+        self.confirmed_at = time.monotonic()
+        return True
+
+    async def new_epoch(self) -> None:
+        """Put an epoch in a Redis that has none (a new or restarted one)."""
+        mine = secrets.token_urlsafe(16).encode()
+
+        async def create() -> Any:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.set(EPOCH_KEY, mine, nx=True)
+                pipe.get(EPOCH_KEY)
+                return (await pipe.execute())[1]
+
+        self.confirm_epoch(await self.run(create))
 
     async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
         """``operation`` within the deadline and the breaker; ``StoreError`` otherwise."""
@@ -146,6 +203,8 @@ class RedisBackend:
             slow = isinstance(exc, TimeoutError | RedisTimeoutError)
             self.breaker.failure(slow=slow)
             self.failures += 1
+            self.known.clear()
+            self.confirmed_at = 0.0
             self._secret_confirmed = self._configured
             raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
         self.breaker.success()
@@ -200,12 +259,10 @@ def namespace_id(namespace: str) -> str:
 class RedisStore:
     """``pipelines.OffloadStore`` on Redis."""
 
-    __slots__ = ("_known", "backend", "compress_over")
+    __slots__ = ("backend", "compress_over")
 
     def __init__(self, backend: RedisBackend, *, compress_over: int = 10_240) -> None:
         self.backend, self.compress_over = backend, compress_over
-        self._known: OrderedDict[str, None] = OrderedDict()
-        """Keys this process stored: for those, renewing the TTL comes first."""
 
     async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
         cap = self.backend.settings.max_object_bytes
@@ -213,9 +270,11 @@ class RedisStore:
             raise StoreError(f"object of {len(content):,} bytes is over the {cap:,} cap")
         ref = make_ref(await self.backend.secret(), namespace, content)
         key = f"cg:o:{namespace_id(namespace)}:{ref}"
-        client = self.backend.client
-        if key in self._known and await self.backend.run(lambda: client.expire(key, ttl)):
-            self._known.move_to_end(key)
+        client, backend = self.backend.client, self.backend
+        if backend.trusted(key):
+            return ref  # stored by us, and Redis has not lost data since (epoch confirmed)
+        if key in backend.known and await backend.run(lambda: client.expire(key, ttl)):
+            backend.remember(key, ttl)
             return ref
         compressed = len(content) > self.compress_over
         payload = _ZLIB + zlib.compress(content, 1) if compressed else _RAW + content
@@ -226,10 +285,8 @@ class RedisStore:
                 pipe.expire(key, ttl)  # renews it if it was already there
                 await pipe.execute()
 
-        await self.backend.run(store)
-        self._known[key] = None
-        if len(self._known) > _KNOWN_REFS:
-            self._known.popitem(last=False)
+        await backend.run(store)
+        backend.remember(key, ttl)
         return ref
 
     async def get(self, namespace: str, ref: str) -> bytes | None:
@@ -256,9 +313,20 @@ class RedisConversations:
         return f"cg:{{c:{namespace_id(namespace)}:{conversation}}}:state"
 
     async def get(self, namespace: str, conversation: str) -> ConversationState | None:
-        key, client = self.key(namespace, conversation), self.backend.client
+        """The record; in the same round trip, the epoch that lets this request trust the
+        objects this process knows are stored (``RedisBackend.trusted``)."""
+        key, backend = self.key(namespace, conversation), self.backend
+
+        async def read() -> Any:
+            async with backend.client.pipeline(transaction=False) as pipe:
+                pipe.get(key)
+                pipe.get(EPOCH_KEY)
+                return await pipe.execute()
+
         try:
-            data = await self.backend.run(lambda: client.get(key))
+            data, epoch = await backend.run(read)
+            if not backend.confirm_epoch(epoch if isinstance(epoch, bytes) else None):
+                await backend.new_epoch()
             return ConversationState.from_json(data) if isinstance(data, bytes) else None
         except (StoreError, ValueError, TypeError):
             return None

@@ -206,3 +206,41 @@ async def test_the_secret_is_read_before_it_is_written(server: RedisServer) -> N
     assert await store.backend.secret()
     assert await store.get("ns", ref) == b"content"
     await store.backend.aclose()
+
+
+async def commands(client: object) -> int:
+    info = await client.info("stats")  # type: ignore[attr-defined]
+    return int(info["total_commands_processed"])
+
+
+async def test_known_objects_cost_no_round_trip_while_the_epoch_holds(
+    server: RedisServer,
+) -> None:
+    """Each request reads its record and the epoch together; after that, objects this
+    process stored are not asked about again. A flush (or a restart) changes the epoch,
+    and the next request stores them again instead of trusting them."""
+    backend = RedisBackend(server.url, SETTINGS)
+    store, records = RedisStore(backend), RedisConversations(backend)
+    admin = backend.client
+    await records.get("ns", "conv")  # request 1 starts
+    ref = await store.put("ns", b"a resent tool output", ttl=600)
+    await records.get("ns", "conv")  # request 2 starts
+    before = await commands(admin)
+    assert await store.put("ns", b"a resent tool output", ttl=600) == ref
+    assert await commands(admin) - before == 1  # only the INFO itself
+    await admin.flushall()
+    await records.get("ns", "conv")  # request 3 starts: the epoch is gone
+    assert await store.put("ns", b"a resent tool output", ttl=600) == ref
+    assert await store.get("ns", ref) == b"a resent tool output"
+    await backend.aclose()
+
+
+async def test_without_a_confirmed_epoch_known_objects_are_confirmed(
+    server: RedisServer,
+) -> None:
+    store = store_on(server.url)  # no record read: nothing vouches for what it knows
+    ref = await store.put("ns", b"content", ttl=600)
+    await store.backend.client.delete(*[k async for k in store.backend.client.scan_iter("cg:o:*")])
+    assert await store.put("ns", b"content", ttl=600) == ref
+    assert await store.get("ns", ref) == b"content"
+    await store.backend.aclose()
