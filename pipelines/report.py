@@ -61,8 +61,9 @@ class Report:
 
     def is_event_after(self, previous: Report) -> bool:
         """Whether this request's compaction differs in kind from ``previous``'s (of the
-        same conversation): a stage moved a cut, compress changed level or cut, or an
-        emergency shortening acted on either. Between events, a growing history keeps
+        same conversation): a stage moved a cut, compress changed level, cut or where its
+        span starts (the anchor is released when the pinned messages outgrow half the
+        budget), or an emergency shortening acted on either. Between events, a growing history keeps
         its outgoing prefix."""
         for stage in self.stages:
             if stage.details.get("moved"):
@@ -71,7 +72,7 @@ class Report:
         now_details = now.details if now is not None else {}
         before_details = before.details if before is not None else {}
         return (
-            any(now_details.get(k) != before_details.get(k) for k in ("level", "cut"))
+            any(now_details.get(k) != before_details.get(k) for k in ("level", "cut", "span_start"))
             or "emergency_shortened" in now_details
             or "emergency_shortened" in before_details
         )
