@@ -44,7 +44,7 @@ class ConversationTokens:
     """The token counts of one request's conversations, reusing the count of every message
     object already seen in it (stages keep unchanged messages as the same objects)."""
 
-    __slots__ = ("_counter", "_held", "_seen", "_totals", "exact")
+    __slots__ = ("_counter", "_held", "_seen", "_totals", "exact", "keys")
 
     def __init__(self, counter: TokenCounter) -> None:
         self._counter = counter
@@ -55,6 +55,9 @@ class ConversationTokens:
         self._totals: dict[int, tuple[Conversation, int]] = {}
         self.exact = True
         """False when some counts of this request are estimates."""
+        self.keys: list[CacheKey] | None = None
+        """The token-cache keys of the request's messages as received, in order (a
+        digest of each message's content, for this process)."""
 
     async def first(
         self, conversation: Conversation, *, threshold: int, defer: Deferred | None = None
@@ -63,7 +66,7 @@ class ConversationTokens:
         any stage would act differently; ``defer`` allows background measuring."""
         counter, seen = self._counter, self._seen
         messages = conversation.messages
-        keys = [counter.key(message) for message in messages]
+        keys = self.keys = [counter.key(message) for message in messages]
         found = counter.lookup_many(keys)
         misses: list[_Miss] = []
         for message, key, tokens in zip(messages, keys, found, strict=True):

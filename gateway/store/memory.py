@@ -77,6 +77,17 @@ class MemoryStore:
         self._evict()
         return ref
 
+    async def touch(self, namespace: str, ref: str, ttl: int) -> bool:
+        """Whether ``ref`` is still stored; if so, keep it at least ``ttl`` seconds more."""
+        key = (namespace, ref)
+        entry = self._entries.get(key)
+        now = self._clock()
+        if entry is None or entry[0] <= now:
+            return False
+        self._entries[key] = (max(entry[0], now + ttl), entry[1], entry[2])
+        self._entries.move_to_end(key)
+        return True
+
     async def get(self, namespace: str, ref: str) -> bytes | None:
         key = (namespace, ref)
         entry = self._entries.get(key)

@@ -289,6 +289,18 @@ class RedisStore:
         backend.remember(key, ttl)
         return ref
 
+    async def touch(self, namespace: str, ref: str, ttl: int) -> bool:
+        """Whether ``ref`` is still stored (known, or confirmed with ``EXPIRE``, which also
+        renews it)."""
+        key = f"cg:o:{namespace_id(namespace)}:{ref}"
+        backend, client = self.backend, self.backend.client
+        if backend.trusted(key):
+            return True
+        if await backend.run(lambda: client.expire(key, ttl)):
+            backend.remember(key, ttl)
+            return True
+        return False
+
     async def get(self, namespace: str, ref: str) -> bytes | None:
         key = f"cg:o:{namespace_id(namespace)}:{ref}"
         client = self.backend.client

@@ -50,6 +50,11 @@ class _Guarded:
             raise StoreError("the store's secret cannot be read; callers cannot be told apart")
         return await self.inner.get(namespace, ref)
 
+    async def touch(self, namespace: str, ref: str, ttl: int) -> bool:
+        if namespace == UNRESOLVED:
+            return False
+        return await _touch(self.inner, namespace, ref, ttl)
+
 
 class _GuardedRecords:
     __slots__ = ("inner",)
@@ -90,6 +95,13 @@ class Deadlined:
         except TimeoutError as exc:
             raise StoreError(_USED_UP) from exc
 
+    async def touch(self, namespace: str, ref: str, ttl: int) -> bool:
+        try:
+            async with asyncio.timeout(self._remaining()):
+                return await _touch(self.inner, namespace, ref, ttl)
+        except TimeoutError as exc:
+            raise StoreError(_USED_UP) from exc
+
     def _remaining(self) -> float:
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
@@ -98,6 +110,11 @@ class Deadlined:
 
 
 _USED_UP: Final = "the store's time for this request is used up"
+
+
+async def _touch(store: object, namespace: str, ref: str, ttl: int) -> bool:
+    touch = getattr(store, "touch", None)
+    return bool(await touch(namespace, ref, ttl)) if touch is not None else False
 
 
 @dataclass(slots=True)

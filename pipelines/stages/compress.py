@@ -33,8 +33,10 @@ compaction event is visible as a change of either, or as ``emergency_shortened``
 
 from __future__ import annotations
 
+import re
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -58,6 +60,30 @@ MIN_SAVING_FLOOR: Final = 500
 less is asked as room shrinks), unless the request is over the budget."""
 
 
+_MEMOS_KEPT: Final = 1_024
+_REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A conversation's last cut, to apply again to its next request."""
+
+    signature: tuple[Any, ...]
+    keys: list[Any]
+    """Token-cache keys of the messages before the cut and the one after it, as received."""
+    out: tuple[Message, ...]
+    """What stands for those messages once compacted."""
+    out_tokens: int
+    deduped_tokens: int
+    """Tokens of those messages after deduplication, before compaction."""
+    cut: int
+    span_start: int
+    refs: tuple[str, ...]
+    """Objects ``out`` names: confirmed in the store before ``out`` is sent again."""
+    seen: dict[str, Message]
+    """Tool outputs before the cut, for deduplicating the messages after it."""
+
+
 class _NoStore(Exception):
     """The store could not take an object: compaction is abandoned, nothing is lost."""
 
@@ -69,6 +95,10 @@ class Compress:
     """Share of the budget the compacted span may take."""
     keep_chars: int = 1_200
     """Longest text kept as it is in the span, or in the tail in an emergency."""
+    _memos: OrderedDict[tuple[Any, ...], _Memo] = field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False
+    )
+    """The last cut of recent conversations, to be re-applied without recomputing it."""
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         policy, budget = ctx.policy, ctx.budget.input_tokens
@@ -81,16 +111,175 @@ class Compress:
             ctx.record(skipped="no store")
             return await self._lossy(conversation, ctx)
         try:
-            ctx.record(level="light")
-            result = await self._dedup(conversation, ctx)
-            if ctx.tokens(result) > policy.trigger * budget:
-                ctx.record(level="full")
-                result = await self._cut(result, ctx)
+            reused = await self._reuse(conversation, ctx)
+            if reused is not None:
+                result = reused
+            else:
+                ctx.record(level="light")
+                deduped = await self._dedup(conversation, ctx)
+                result = deduped
+                if ctx.tokens(result) > policy.trigger * budget:
+                    ctx.record(level="full")
+                    result = await self._cut(result, ctx)
+                    self._remember(conversation, deduped, result, ctx)
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
         except _NoStore:
             ctx.record(skipped="store unavailable", store_failures=1)
             return await self._lossy(conversation, ctx)
+        return result
+
+    def _signature(self, conversation: Conversation, ctx: StageContext) -> tuple[Any, ...]:
+        """What a cut depends on besides the messages before it: the budget, the policy,
+        the cuts earlier stages applied, the anchor's protection, and (last) the index of
+        the latest user message, which must come after the cut."""
+        messages = conversation.messages
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        size = ctx.tokens.message
+        anchored = bool(users) and (
+            users[0] != users[-1]
+            and size(messages[users[0]]) + size(messages[users[-1]]) <= ctx.budget.input_tokens // 2
+        )
+        policy = ctx.policy
+        return (
+            ctx.namespace,
+            ctx.budget.input_tokens,
+            policy.trigger,
+            policy.target,
+            policy.tail_ratio,
+            policy.offload_ttl,
+            ctx.cut("media_cut"),
+            ctx.cut("soft_cut"),
+            ctx.cut("archive_cut"),
+            anchored,
+            users[-1] if users else -1,
+        )
+
+    def _memo_key(self, ctx: StageContext) -> tuple[Any, ...] | None:
+        keys = ctx.tokens.keys
+        if not keys or len(keys) < 3:
+            return None
+        return (ctx.namespace, keys[0], keys[1], keys[2])
+
+    def _remember(
+        self,
+        conversation: Conversation,
+        deduped: Conversation,
+        result: Conversation,
+        ctx: StageContext,
+    ) -> None:
+        """Keep this request's cut for the next request of the conversation, when it was
+        a clean one: a grid cut that brought the request under ``trigger``, with the
+        latest user message after it, on a store that can confirm objects cheaply."""
+        details = ctx.details
+        cut = details.get("cut")
+        key = self._memo_key(ctx)
+        keys = ctx.tokens.keys
+        if (
+            not isinstance(cut, int)
+            or not details.get("grid")
+            or key is None
+            or keys is None
+            or len(keys) != len(conversation.messages)
+            or getattr(ctx.store, "touch", None) is None
+            or ctx.tokens(result) > ctx.policy.trigger * ctx.budget.input_tokens
+        ):
+            return
+        signature = self._signature(conversation, ctx)
+        if signature[-1] < cut:
+            return
+        messages = conversation.messages
+        size = ctx.tokens.message
+        out = tuple(result.messages[: len(result.messages) - (len(messages) - cut)])
+        seen: dict[str, Message] = {}
+        for message in messages[:cut]:
+            content = message.get("content")
+            if (
+                message.get("role") == "tool"
+                and isinstance(content, str)
+                and len(content) >= _DEDUP_MIN_CHARS
+            ):
+                seen.setdefault(content, message)
+        self._memos[key] = _Memo(
+            signature=(*signature[:-1], self.span_share, self.keep_chars),
+            keys=keys[: cut + 1],
+            out=out,
+            out_tokens=sum(size(m) for m in out),
+            deduped_tokens=sum(size(m) for m in deduped.messages[:cut]),
+            cut=cut,
+            span_start=int(details.get("span_start", 0)),
+            refs=tuple(sorted(set(_REF.findall(orjson.dumps(out).decode())))),
+            seen=seen,
+        )
+        self._memos.move_to_end(key)
+        if len(self._memos) > _MEMOS_KEPT:
+            self._memos.popitem(last=False)
+
+    async def _reuse(self, conversation: Conversation, ctx: StageContext) -> Conversation | None:
+        """The previous request's cut applied again, when this request continues it and
+        the full computation would choose the same cut (checked: the same messages before
+        it, the same signature, the latest user message after it, the result under
+        ``trigger``; earlier cuts only grow with the history, so they still fail). The
+        output is then what the full computation gives, without recomputing it."""
+        key = self._memo_key(ctx)
+        memo = self._memos.get(key) if key is not None else None
+        keys = ctx.tokens.keys
+        if memo is None or keys is None:
+            return None
+        messages = conversation.messages
+        cut = memo.cut
+        # The message right after the cut too: whether the last assistant text before it
+        # counts as a final answer depends on what follows it.
+        if len(keys) != len(messages) or len(messages) <= cut or keys[: cut + 1] != memo.keys:
+            return None
+        signature = self._signature(conversation, ctx)
+        if signature[-1] < cut:
+            return None
+        if (*signature[:-1], self.span_share, self.keep_chars) != memo.signature:
+            return None
+        size = ctx.tokens.message
+        seen = dict(memo.seen)
+        tail = list(messages[cut:])
+        duplicates = 0
+        for index, message in enumerate(tail):
+            content = message.get("content")
+            if (
+                message.get("role") != "tool"
+                or not isinstance(content, str)
+                or len(content) < _DEDUP_MIN_CHARS
+            ):
+                continue
+            earlier = seen.get(content)
+            if earlier is None:
+                seen[content] = message
+                continue
+            tail[index] = await self._duplicate(message, earlier, ctx)
+            duplicates += 1
+        total = ctx.tokens(conversation)
+        prefix = sum(size(m) for m in messages[:cut])
+        tail_change = sum(
+            size(new) - size(old) for new, old in zip(tail, messages[cut:], strict=True)
+        )
+        deduped_total = total - prefix + memo.deduped_tokens + tail_change
+        tokens = total - prefix + memo.out_tokens + tail_change
+        limit = ctx.policy.trigger * ctx.budget.input_tokens
+        if deduped_total <= limit or tokens > limit:
+            return None
+        touch = getattr(ctx.store, "touch", None)
+        if touch is None:
+            return None
+        for ref in memo.refs:
+            try:
+                if not await touch(ctx.namespace, ref, ctx.policy.offload_ttl):
+                    return None
+            except StoreError:
+                return None
+        self._memos.move_to_end(key)  # type: ignore[arg-type]
+        result = conversation.with_messages([*memo.out, *tail])
+        ctx.tokens.remember(result, tokens)
+        ctx.record(level="full", cut=cut, span_start=memo.span_start, reused=True)
+        if duplicates:
+            ctx.record(duplicates=duplicates)
         return result
 
     async def _lossy(self, conversation: Conversation, ctx: StageContext) -> Conversation:
@@ -122,17 +311,20 @@ class Compress:
             if earlier is None:
                 seen[content] = message
                 continue
-            ref = await self._store(ctx, content.encode())
-            out[index] = {
-                **message,
-                "content": f"[Identical to the output of the earlier call"
-                f" {earlier.get('tool_call_id')}; stored as {ref}.]",
-            }
+            out[index] = await self._duplicate(message, earlier, ctx)
             replaced += 1
         if not replaced:
             return conversation
         ctx.record(duplicates=replaced)
         return conversation.with_messages(out)
+
+    async def _duplicate(self, message: Message, earlier: Message, ctx: StageContext) -> Message:
+        ref = await self._store(ctx, str(message["content"]).encode())
+        return {
+            **message,
+            "content": f"[Identical to the output of the earlier call"
+            f" {earlier.get('tool_call_id')}; stored as {ref}.]",
+        }
 
     async def _cut(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = conversation.messages
@@ -151,7 +343,7 @@ class Compress:
         limit = ctx.policy.trigger * budget
         cumulative, boundary = 0, 1
         start_tokens = ctx.tokens(conversation)
-        best, best_tokens, best_cut = conversation, start_tokens, 0
+        best, best_tokens, best_cut, best_grid = conversation, start_tokens, 0, False
         # Candidates share most of their notes and shortened answers: made once each.
         made: dict[tuple[int, int], Message] = {}
         span_start = span_groups[0].start
@@ -159,6 +351,7 @@ class Compress:
             cumulative += sum(size(m) for m in messages[group.start : group.end])
             if cumulative < boundary * step and position < len(span_groups) - 1:
                 continue
+            on_grid = cumulative >= boundary * step
             boundary = cumulative // step + 1
             candidate = await self._compact_span(
                 conversation, span_groups[: position + 1], protection.indices, ctx, made
@@ -170,7 +363,7 @@ class Compress:
             tokens = start_tokens - cumulative + sum(size(m) for m in new_span)
             ctx.tokens.remember(candidate, tokens)
             if tokens < best_tokens:
-                best, best_tokens, best_cut = candidate, tokens, group.end
+                best, best_tokens, best_cut, best_grid = candidate, tokens, group.end, on_grid
             if tokens <= limit:
                 break
         if best is conversation:
@@ -181,7 +374,7 @@ class Compress:
             # Not worth breaking the cached prefix for; the next turns will save more.
             ctx.record(skipped_saving=saving, minimum_saving=minimum)
             return conversation
-        ctx.record(cut=best_cut, span_start=span_groups[0].start)
+        ctx.record(cut=best_cut, span_start=span_groups[0].start, grid=best_grid)
         return best
 
     async def _compact_span(

@@ -280,3 +280,35 @@ async def test_arguments_made_of_many_short_values_are_cut_by_structure() -> Non
     assert arguments["lines"][-3:] == lines[-3:]
     ref = REF.search(message["content"]).group()  # type: ignore[union-attr]
     assert orjson.loads(await store.get("", ref)) == [call]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("max_input", [4_000, 8_000])
+async def test_reusing_the_last_cut_gives_the_same_bytes_as_computing_it(max_input: int) -> None:
+    """A pipeline that re-applies each conversation's last cut sends exactly what a fresh
+    pipeline (no memory of earlier requests) computes, turn by turn, on every trace."""
+    from pipelines.stages import DEFAULT_STAGES, PassThrough
+
+    store = MemoryStore()
+    policy = Policy(max_input=max_input)
+    remembering = Pipeline(store=store)
+    reused = 0
+    for trajectory in json.loads(TRACES.read_text()):
+        session = Session(remembering, policy)
+        for history in requests_of(trajectory["traj"]):
+            state = session.state
+            result = await session.send(history)
+            fresh = Pipeline(
+                stages=[s if isinstance(s, PassThrough) else type(s)() for s in DEFAULT_STAGES],
+                store=store,
+            )
+            fresh._counters = remembering._counters
+            computed = await fresh.compact(
+                {"model": "gpt-4o", "messages": history},
+                policy=policy,
+                state=state,
+                now=session.now,
+            )
+            assert orjson.dumps(result.request) == orjson.dumps(computed.request)
+            compress = result.report.stage("compress")
+            reused += bool(compress and compress.details.get("reused"))
+    assert reused > 100
