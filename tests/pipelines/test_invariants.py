@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
+from pipelines.stages import DEFAULT_STAGES, PassThrough
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
@@ -96,17 +97,30 @@ async def test_prefix_stable_between_events(
 ) -> None:
     """Replayed turn by turn as a client sends it (the record carried, sometimes idle past
     the cache TTL): each outgoing request starts with the previous one unless its report
-    records a compaction event, and every request fits and stays valid."""
-    pipeline = Pipeline(store=MemoryStore())
-    session = Session(pipeline, Policy(max_input=max_input, filter_tokens=3_000))
+    records a compaction event, every request fits and stays valid, and what the pipeline
+    sends (re-applying its last cut where it can) is what a fresh pipeline computes."""
+    store = MemoryStore()
+    pipeline = Pipeline(store=store)
+    policy = Policy(max_input=max_input, filter_tokens=3_000)
+    session = Session(pipeline, policy)
     previous = None
     events = 0
     for turn, history in enumerate(requests_of(messages)):
+        state = session.state
         try:
             result = await session.send(history, after=gaps[turn % len(gaps)])
         except RequestRejected:
             previous = None
             continue
+        fresh = Pipeline(
+            stages=[s if isinstance(s, PassThrough) else type(s)() for s in DEFAULT_STAGES],
+            store=store,
+        )
+        fresh._counters = pipeline._counters  # the same token caches, not the same memory
+        computed = await fresh.compact(
+            {"model": "gpt-4o", "messages": history}, policy=policy, state=state, now=session.now
+        )
+        assert orjson.dumps(computed.request) == orjson.dumps(result.request)
         out = result.request["messages"]
         assert result.report.tokens_after <= result.report.budget
         assert_valid(out)
