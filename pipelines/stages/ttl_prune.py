@@ -29,6 +29,7 @@ mechanisms moved each other's cuts, and the cost under cache pricing rose from 1
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ __all__ = ["TtlPrune"]
 
 _JSON_START: Final = ("[", "{")
 _SHORTENED_KEPT: Final = 2_048
+_REWRITES_KEPT: Final = 8_192
+_REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,10 @@ class TtlPrune:
         default_factory=OrderedDict, repr=False, compare=False
     )
     """Trimmed texts already made: the same results are trimmed again on every request."""
+    _rewrites: OrderedDict[tuple[Any, ...], tuple[Message, str]] = field(
+        default_factory=OrderedDict, init=False, repr=False, compare=False
+    )
+    """Rewrites made on earlier requests, with the ref each names."""
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         if ctx.policy.mode == "off":
@@ -112,7 +119,11 @@ class TtlPrune:
             if index < archive_goal and len(text) >= self.archive_min_chars:
                 fresh = index >= cuts.archive
                 if not fresh or work.allows(text, archive=True):
-                    new = await self._archive(message, text, _call_name(messages, index), ctx)
+                    name = _call_name(messages, index)
+                    new = await self._again(ctx, index, messages, ("archive", name)) or (
+                        await self._archive(message, text, name, ctx)
+                    )
+                    self._keep(ctx, index, messages, ("archive", name), new)
                     if new is not None:
                         archived += 1
                         work.done(text, archive=fresh)
@@ -121,7 +132,10 @@ class TtlPrune:
             if new is None and index < soft_goal and len(text) > self._trim_floor:
                 fresh = index >= cuts.soft
                 if not fresh or work.allows(text, archive=False):
-                    new = await self._trimmed(message, text, ctx)
+                    new = await self._again(ctx, index, messages, ("trim",)) or (
+                        await self._trimmed(message, text, ctx)
+                    )
+                    self._keep(ctx, index, messages, ("trim",), new)
                     if new is not None:
                         trimmed += 1
                         work.done(text, archive=False)
@@ -139,6 +153,55 @@ class TtlPrune:
     @property
     def _trim_floor(self) -> int:
         return self.head_chars + self.tail_chars + 500
+
+    def _rewrite_key(
+        self, ctx: StageContext, index: int, messages: Sequence[Message], kind: tuple[str, ...]
+    ) -> tuple[Any, ...] | None:
+        """The rewrite's identity: the message as received (its token-cache key; earlier
+        stages rewrite it deterministically under the same policy), what is done to it, and
+        the namespace."""
+        keys = ctx.tokens.keys
+        if keys is None or len(keys) != len(messages):
+            return None
+        policy = ctx.policy
+        return (ctx.namespace, keys[index], kind, policy.filter_tokens, policy.offload_ttl)
+
+    async def _again(
+        self, ctx: StageContext, index: int, messages: Sequence[Message], kind: tuple[str, ...]
+    ) -> Message | None:
+        """A rewrite made on an earlier request, when the object it names is still
+        stored (a cheap check, where storing again would hash the whole output)."""
+        key = self._rewrite_key(ctx, index, messages, kind)
+        made = self._rewrites.get(key) if key is not None else None
+        touch = getattr(ctx.store, "touch", None)
+        if made is None or touch is None:
+            return None
+        message, ref = made
+        try:
+            if not await touch(ctx.namespace, ref, ctx.policy.offload_ttl):
+                return None
+        except StoreError:
+            return None
+        return message
+
+    def _keep(
+        self,
+        ctx: StageContext,
+        index: int,
+        messages: Sequence[Message],
+        kind: tuple[str, ...],
+        new: Message | None,
+    ) -> None:
+        key = self._rewrite_key(ctx, index, messages, kind)
+        if new is None or key is None:
+            return
+        found = _REF.search(str(new.get("content", "")))
+        if found is None:
+            return
+        self._rewrites[key] = (new, found.group())
+        self._rewrites.move_to_end(key)
+        if len(self._rewrites) > _REWRITES_KEPT:
+            self._rewrites.popitem(last=False)
 
     async def _stored(self, ctx: StageContext, content: bytes) -> str | None:
         assert ctx.store is not None
