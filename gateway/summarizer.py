@@ -1,0 +1,142 @@
+"""A summarizer that asks an OpenAI-compatible upstream for the structured summary.
+
+It sends the prompt of ``pipelines.summary`` with the provider's structured-output mode
+(``response_format`` with the summary's JSON Schema, strict); a provider that refuses that
+parameter is asked again without it, and remembered. Each answer is parsed and audited: an
+invalid one, or one keeping under 30% of the key entities of what it replaces, is retried,
+at most ``attempts`` times in all, and the best valid attempt is kept. The whole call is
+bounded by ``timeout``. Anything else (no valid answer, an error status, the deadline) is a
+``SummaryFailed``: the caller falls back to deterministic compaction, the request goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.upstream import Upstream
+from pipelines.messages import Message, message_text
+from pipelines.summary import (
+    MIN_RETENTION,
+    SummaryInvalid,
+    key_entities,
+    parse_summary,
+    retention,
+    summary_request_messages,
+    summary_schema,
+)
+
+__all__ = ["Summary", "SummaryFailed", "UpstreamSummarizer"]
+
+_RESPONSE_FORMAT: Final = {
+    "type": "json_schema",
+    "json_schema": {"name": "context_checkpoint", "strict": True, "schema": summary_schema()},
+}
+
+
+class SummaryFailed(Exception):
+    """No usable summary; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    fields: dict[str, Any]
+    retention: float
+    """Share of the replaced messages' key entities the summary kept."""
+    attempts: int
+    usage: dict[str, Any] | None = None
+
+
+class UpstreamSummarizer:
+    __slots__ = ("_plain", "attempts", "headers", "timeout", "upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        headers: Mapping[str, str],
+        *,
+        timeout: float = 20.0,
+        attempts: int = 3,
+    ) -> None:
+        self.upstream, self.headers = upstream, dict(headers)
+        self.timeout, self.attempts = timeout, attempts
+        self._plain: set[str] = set()
+        """Models whose provider refused ``response_format``."""
+
+    async def summarize(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        previous: Mapping[str, Any] | None = None,
+    ) -> Summary:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._summarize(messages, model, previous)
+        except TimeoutError as exc:
+            raise SummaryFailed(f"no summary within {self.timeout:g} s") from exc
+        except GatewayError as exc:
+            raise SummaryFailed(f"the summary model did not answer: {exc.code}") from exc
+
+    async def _summarize(
+        self, messages: Sequence[Message], model: str, previous: Mapping[str, Any] | None
+    ) -> Summary:
+        entities = key_entities(message_text(m) for m in messages)
+        prompt = summary_request_messages(messages, previous)
+        best: Summary | None = None
+        problems: list[str] = []
+        for attempt in range(1, self.attempts + 1):
+            try:
+                fields, usage = await self._ask(prompt, model)
+            except SummaryInvalid as exc:
+                problems.append(str(exc))
+                continue
+            kept = retention(fields, entities)
+            summary = Summary(fields, kept, attempt, usage)
+            if best is None or kept > best.retention:
+                best = summary
+            if kept >= MIN_RETENTION:
+                return summary
+            problems.append(f"kept {kept:.0%} of the key entities")
+        if best is not None:
+            return best
+        raise SummaryFailed("; ".join(problems) or "no answer")
+
+    async def _ask(
+        self, prompt: list[dict[str, Any]], model: str
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        body: dict[str, Any] = {"model": model, "messages": prompt, "temperature": 0}
+        structured = model not in self._plain
+        if structured:
+            body["response_format"] = _RESPONSE_FORMAT
+        status, answer = await self._post(body)
+        if status == 400 and structured and b"response_format" in answer:
+            self._plain.add(model)
+            del body["response_format"]
+            status, answer = await self._post(body)
+        if status != 200:
+            raise SummaryFailed(
+                f"the summary model answered {status}: {answer[:200].decode('utf-8', 'replace')}"
+            )
+        try:
+            data = orjson.loads(answer)
+            content = data["choices"][0]["message"]["content"]
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise SummaryInvalid("the summary model's answer is not a chat completion") from exc
+        if not isinstance(content, str):
+            raise SummaryInvalid("the summary model answered without text")
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+        return parse_summary(content), usage
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        headers = {**self.headers, "content-type": "application/json"}
+        response = await self.upstream.send(
+            "POST", "chat/completions", headers=headers, content=orjson.dumps(body)
+        )
+        limit = None if response.is_success else self.upstream.settings.max_error_body_bytes
+        return response.status_code, await self.upstream.read_body(response, limit)

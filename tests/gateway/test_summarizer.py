@@ -1,0 +1,106 @@
+"""The upstream summarizer against the mock upstream playing the summary model: valid,
+invalid, incomplete and forgetful answers, errors, a provider without structured output,
+and a model too slow for the deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.settings import UpstreamSettings
+from gateway.summarizer import SummaryFailed, UpstreamSummarizer
+from gateway.upstream import Upstream
+from pipelines.summary import FIELDS, LIST_FIELDS
+from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
+
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "Cambia la reserva 8JE9YY al vuelo HAT170 del 2024-05-24."},
+    {
+        "role": "assistant",
+        "content": "Hecho: la reserva 8JE9YY ahora va en HAT170 (2024-05-24), asiento 12A,"
+        " tarifa 1240 EUR.",
+    },
+]
+EMPTY = {name: ([] if name in LIST_FIELDS else "") for name in FIELDS}
+GOOD = EMPTY | {
+    "user_goal": "Cambiar la reserva 8JE9YY al vuelo HAT170 del 2024-05-24.",
+    "completed_actions": ["Reserva 8JE9YY movida a HAT170 (2024-05-24), asiento 12A, 1240 EUR."],
+}
+
+
+def answering(summary: Any) -> JSONReply:
+    text = summary if isinstance(summary, str) else orjson.dumps(summary).decode()
+    return JSONReply(chat_completion(text))
+
+
+async def run(upstream: MockUpstream, **options: Any) -> Any:
+    client = Upstream(UpstreamSettings(base_url=upstream.base_url))
+    try:
+        summarizer = UpstreamSummarizer(client, {"authorization": "Bearer sk-x"}, **options)
+        return await summarizer.summarize(HISTORY, model="gpt-4o-mini")
+    finally:
+        await client.aclose()
+
+
+async def test_a_valid_answer_in_structured_output_mode(upstream: MockUpstream) -> None:
+    upstream.push(answering(GOOD))
+    summary = await run(upstream)
+    assert summary.fields == GOOD
+    assert summary.attempts == 1
+    assert summary.retention == 1.0
+    sent = upstream.received[0].json()
+    assert sent["model"] == "gpt-4o-mini"
+    assert sent["response_format"]["json_schema"]["strict"] is True
+    assert "8JE9YY" in sent["messages"][1]["content"]
+
+
+async def test_invalid_then_forgetful_then_good_takes_three_attempts(
+    upstream: MockUpstream,
+) -> None:
+    forgetful = EMPTY | {"user_goal": "Cambiar una reserva."}
+    upstream.push(answering("not json at all"), answering(forgetful), answering(GOOD))
+    summary = await run(upstream)
+    assert summary.attempts == 3
+    assert summary.fields == GOOD
+
+
+async def test_the_best_attempt_is_kept_when_none_keeps_enough(upstream: MockUpstream) -> None:
+    poor = EMPTY | {"user_goal": "Cambiar una reserva."}
+    better = EMPTY | {"user_goal": "Reserva 8JE9YY."}
+    upstream.push(answering(poor), answering(better), answering({"user_goal": "missing fields"}))
+    summary = await run(upstream)
+    assert summary.fields == better
+    assert 0 < summary.retention < 0.3
+
+
+async def test_no_valid_answer_fails(upstream: MockUpstream) -> None:
+    upstream.push(*(answering({"only": "wrong"}) for _ in range(3)))
+    with pytest.raises(SummaryFailed, match="fields missing"):
+        await run(upstream)
+
+
+async def test_an_error_status_fails(upstream: MockUpstream) -> None:
+    upstream.push(JSONReply({"error": {"message": "overloaded"}}, status=503))
+    with pytest.raises(SummaryFailed, match="503"):
+        await run(upstream)
+
+
+async def test_a_provider_without_structured_output_is_asked_plainly(
+    upstream: MockUpstream,
+) -> None:
+    refusal = {
+        "error": {"message": "Unknown parameter: response_format", "type": "invalid_request_error"}
+    }
+    upstream.push(JSONReply(refusal, status=400), answering(GOOD))
+    summary = await run(upstream)
+    assert summary.fields == GOOD
+    assert "response_format" in upstream.received[0].json()
+    assert "response_format" not in upstream.received[1].json()
+
+
+async def test_a_slow_model_is_cut_off_at_the_deadline(upstream: MockUpstream) -> None:
+    upstream.push(JSONReply(chat_completion(orjson.dumps(GOOD).decode()), delay=2.0))
+    with pytest.raises(SummaryFailed, match=r"within 0\.3 s"):
+        await run(upstream, timeout=0.3)
