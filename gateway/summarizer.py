@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -23,6 +22,8 @@ from gateway.upstream import Upstream
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
     MIN_RETENTION,
+    Summary,
+    SummaryFailed,
     SummaryInvalid,
     key_entities,
     parse_summary,
@@ -31,25 +32,12 @@ from pipelines.summary import (
     summary_schema,
 )
 
-__all__ = ["Summary", "SummaryFailed", "UpstreamSummarizer"]
+__all__ = ["SummaryFailed", "UpstreamSummarizer"]
 
 _RESPONSE_FORMAT: Final = {
     "type": "json_schema",
     "json_schema": {"name": "context_checkpoint", "strict": True, "schema": summary_schema()},
 }
-
-
-class SummaryFailed(Exception):
-    """No usable summary; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Summary:
-    fields: dict[str, Any]
-    retention: float
-    """Share of the replaced messages' key entities the summary kept."""
-    attempts: int
-    usage: dict[str, Any] | None = None
 
 
 class UpstreamSummarizer:

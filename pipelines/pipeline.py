@@ -104,13 +104,14 @@ class Pipeline:
         state: ConversationState | None = None,
         now: float | None = None,
         store: OffloadStore | None = None,
+        summarizer: Summarizer | None = None,
     ) -> CompactResult:
         """Run every stage over ``request`` (an OpenAI chat request body).
 
         ``state`` is the conversation's record from its earlier requests, ``now`` the wall
         clock (default: the current time); together they say whether the provider's prompt
         cache is still warm. Without a state the conversation counts as new, so cold.
-        ``store`` replaces the pipeline's store for this call.
+        ``store`` and ``summarizer`` replace the pipeline's for this call.
         """
         started = perf_counter()
         policy = policy or Policy()
@@ -140,8 +141,9 @@ class Pipeline:
             clock=self.clock,
             tokens=tokens,
             namespace=namespace,
+            model_name=name,
             store=store if store is not None else self.store,
-            summarizer=self.summarizer,
+            summarizer=summarizer if summarizer is not None else self.summarizer,
             state=state,
             cold=cold,
         )

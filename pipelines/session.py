@@ -69,6 +69,9 @@ class ConversationState:
     or an edited history), and the record does not apply to it."""
     sent_tokens: int | None = None
     """Tokens the pipeline sent for the previous request."""
+    checkpoint: dict[str, Any] | None = None
+    """The summary standing for the compacted span: ``{"refs": [...], "summary": {...}}``,
+    reused verbatim while the span is the same, merged into when it grows."""
     cold_sent: bool = False
     """The previous request went out on a cold cache, so the provider's cache-hit
     feedback on it says nothing about the cache now."""
@@ -114,7 +117,7 @@ class ConversationState:
     def with_restore_tool(self) -> ConversationState:
         return _replace(self, restore_tool=True)
 
-    def with_cuts(self, **cuts: int) -> ConversationState:
+    def with_cuts(self, **cuts: Any) -> ConversationState:
         """This state with the cuts a request applied."""
         return _replace(self, **cuts)
 

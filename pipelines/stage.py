@@ -8,7 +8,7 @@ summary model, the clock) reaches it through the context as a Protocol.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -16,8 +16,10 @@ from pipelines.budget import Budget
 from pipelines.catalog import ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
+from pipelines.messages import Message
 from pipelines.policy import Policy
 from pipelines.session import ConversationState
+from pipelines.summary import Summary
 from pipelines.tokens import TokenCounter
 
 __all__ = ["Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
@@ -45,7 +47,15 @@ class OffloadStore(Protocol):
 class Summarizer(Protocol):
     """Writes a structured summary of messages with an auxiliary model."""
 
-    async def summarize(self, messages: list[dict[str, Any]], *, model: str) -> dict[str, Any]: ...
+    async def summarize(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        previous: Mapping[str, Any] | None = None,
+    ) -> Summary:
+        """The summary of ``messages`` (merging ``previous``), or ``SummaryFailed``."""
+        ...
 
 
 @runtime_checkable
@@ -72,6 +82,8 @@ class StageContext:
     its messages (``tokens.message(m)``); what was counted before is not recounted."""
     namespace: str = ""
     """Tenant namespace for offloaded objects."""
+    model_name: str = ""
+    """The model the request names (``model`` is its catalog entry)."""
     store: OffloadStore | None = None
     summarizer: Summarizer | None = None
     state: ConversationState | None = None
@@ -79,7 +91,7 @@ class StageContext:
     cold: bool = True
     """Whether the provider's prompt cache is cold for this conversation: rewrites that
     break the cached prefix cost nothing then."""
-    carry: dict[str, int] = field(default_factory=dict)
+    carry: dict[str, Any] = field(default_factory=dict)
     """Cuts a stage moved, for the conversation's next record (``ConversationState``
     field names); dropped for a stage that fails."""
     details: dict[str, Any] = field(default_factory=dict)

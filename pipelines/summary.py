@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -27,6 +28,8 @@ __all__ = [
     "FIELDS",
     "LIST_FIELDS",
     "MIN_RETENTION",
+    "Summary",
+    "SummaryFailed",
     "SummaryInvalid",
     "key_entities",
     "parse_summary",
@@ -70,6 +73,21 @@ _ENTITY: Final = re.compile(
     r"|\b[A-Za-z_]*\d[\w-]*\b"  # ids, numbers, codes: anything with a digit
 )
 _TRAILING: Final = ".,;:!?)"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A summary a model wrote, as accepted."""
+
+    fields: dict[str, Any]
+    retention: float
+    """Share of the replaced messages' key entities the summary kept."""
+    attempts: int
+    usage: dict[str, Any] | None = None
+
+
+class SummaryFailed(Exception):
+    """No usable summary (no valid answer, an error, the deadline); the message says why."""
 
 
 class SummaryInvalid(ValueError):

@@ -18,6 +18,7 @@ from pipelines.stages.guard_inbound import GuardInbound
 from pipelines.stages.guard_outbound import GuardOutbound
 from pipelines.stages.media import Media
 from pipelines.stages.normalize import Normalize
+from pipelines.stages.summarize import Summarize
 from pipelines.stages.thinking import Thinking
 from pipelines.stages.ttl_prune import TtlPrune
 
@@ -41,7 +42,7 @@ DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     Filter(),
     TtlPrune(),
     Compress(),
-    PassThrough("summarize"),
+    Summarize(),
     Normalize(),
     PassThrough("cache_markers"),
     GuardOutbound(),
