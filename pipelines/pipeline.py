@@ -142,6 +142,9 @@ class Pipeline:
             tokens=tokens,
             namespace=namespace,
             model_name=name,
+            summary_model=self.catalog.lookup(policy.summary_model)
+            if policy.summary_model
+            else None,
             store=store if store is not None else self.store,
             summarizer=summarizer if summarizer is not None else self.summarizer,
             state=state,

@@ -84,6 +84,8 @@ class StageContext:
     """Tenant namespace for offloaded objects."""
     model_name: str = ""
     """The model the request names (``model`` is its catalog entry)."""
+    summary_model: ModelInfo | None = None
+    """The catalog entry of ``policy.summary_model`` when one is set."""
     store: OffloadStore | None = None
     summarizer: Summarizer | None = None
     state: ConversationState | None = None

@@ -40,6 +40,8 @@ _NOTE: Final = "[Context note: "
 _REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 _INPUT_SHARE: Final = 0.8
 """Share of the summary model's window its input may take (the ratio guard)."""
+_PROMPT_TOKENS: Final = 700
+"""About what the summary prompt's instructions cost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +73,12 @@ class Summarize:
         except StoreError:
             ctx.record(path="fallback: store unavailable")
             return conversation
-        inputs, trimmed = self._guarded(inputs, ctx)
+        model, inputs, guard = self._guarded(inputs, previous if merge else None, ctx)
         try:
             async with asyncio.timeout(ctx.policy.summary_timeout):
                 summary = await ctx.summarizer.summarize(
                     inputs,
-                    model=ctx.policy.summary_model or ctx.model_name,
+                    model=model,
                     previous=merge["summary"] if merge is not None else None,
                 )
         except (SummaryFailed, TimeoutError) as exc:
@@ -88,7 +90,8 @@ class Summarize:
             path="merged" if merge is not None else "summarised",
             attempts=summary.attempts,
             retention=round(summary.retention, 3),
-            trimmed_inputs=trimmed,
+            model=model,
+            guard=guard,
         )
         return self._replaced(conversation, first, last, checkpoint, ctx)
 
@@ -133,19 +136,36 @@ class Summarize:
             out.extend(m for m in removed if isinstance(m, dict))
         return out
 
-    def _guarded(self, inputs: list[Message], ctx: StageContext) -> tuple[list[Message], int]:
-        """The inputs that fit 0.8 of the summary model's window (the newest kept), and how
-        many older ones were left out."""
-        allowance = int(_INPUT_SHARE * ctx.model.context_window) - 2_000
-        used = 0
+    def _guarded(
+        self, inputs: list[Message], previous: dict[str, Any] | None, ctx: StageContext
+    ) -> tuple[str, list[Message], str]:
+        """The auxiliary-model ratio guard: the summary model, the inputs it gets, and which
+        path was taken. The input must fit 0.8 of the summary model's window less the
+        prompt; if it does not, the request's own model is used when it fits there, else
+        the newest inputs that fit are kept."""
+        size = sum(ctx.counter.count_message(m) for m in inputs)
+        prompt = _PROMPT_TOKENS + (
+            ctx.counter.count_text(orjson.dumps(previous).decode()) if previous else 0
+        )
+        own = ctx.model_name
+        chosen = ctx.summary_model
+        name = ctx.policy.summary_model or own
+        window = chosen.context_window if chosen is not None else ctx.model.context_window
+        if size <= _INPUT_SHARE * window - prompt:
+            return name, inputs, "fits"
+        if chosen is not None and size <= _INPUT_SHARE * ctx.model.context_window - prompt:
+            return own, inputs, "main model"
+        allowance = _INPUT_SHARE * max(window, ctx.model.context_window) - prompt
+        model = own if chosen is not None and ctx.model.context_window > window else name
         kept: list[Message] = []
+        used = 0
         for message in reversed(inputs):
             used += ctx.counter.count_message(message)
             if used > allowance and kept:
                 break
             kept.append(message)
         kept.reverse()
-        return kept, len(inputs) - len(kept)
+        return model, kept, f"trimmed {len(inputs) - len(kept)} oldest inputs"
 
 
 def _is_note(message: Message) -> bool:

@@ -118,3 +118,41 @@ async def test_truncate_mode_never_calls_the_summarizer() -> None:
     summarizer = Scripted()
     await run(summarizer, long_history(), mode="truncate")
     assert summarizer.calls == []
+
+
+async def test_a_summary_model_too_small_for_the_input_gives_way_to_the_main_model() -> None:
+    from pipelines import ModelCatalog, ModelInfo
+
+    catalog = ModelCatalog().extended([ModelInfo("tiny-summarizer", 4_000, 500)])
+    summarizer = Scripted("big")
+    pipeline = Pipeline(store=STORE, summarizer=summarizer, catalog=catalog)
+    result = await pipeline.compact(
+        {"model": "gpt-4o", "messages": long_history()},
+        policy=Policy(max_input=6_000, summary_model="tiny-summarizer"),
+        now=1_000.0,
+    )
+    assert details(result)["guard"] == "main model"
+    assert summarizer.calls[0]["model"] == "gpt-4o"
+
+
+async def test_inputs_too_big_for_any_window_keep_the_newest() -> None:
+    from pipelines import ModelCatalog, ModelInfo
+
+    catalog = ModelCatalog().extended(
+        [ModelInfo("small-chat", 5_000, 500), ModelInfo("tiny-summarizer", 4_000, 500)]
+    )
+    summarizer = Scripted("trimmed")
+    history = long_history()
+    pipeline = Pipeline(store=STORE, summarizer=summarizer, catalog=catalog)
+    result = await pipeline.compact(
+        {"model": "small-chat", "messages": history},
+        policy=Policy(max_input=4_000, summary_model="tiny-summarizer"),
+        now=1_000.0,
+    )
+    guard = details(result)["guard"]
+    assert guard.startswith("trimmed")
+    sent = summarizer.calls[0]["messages"]
+    counter = pipeline.counter("o200k_base")
+    assert sum(counter.count_message(m) for m in sent) <= 0.8 * 5_000
+    removed_newest = summarizer.calls[0]["messages"][-1]
+    assert removed_newest in history  # the newest inputs are the ones kept
