@@ -19,7 +19,16 @@ from gateway.codecs.openai import parse_chat_request
 from gateway.errors import InvalidRequest, RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header
 from gateway.state import Gateway
-from pipelines import CompactResult, ConversationState, Policy, RequestRejected, conversation_id
+from gateway.summarizer import UpstreamSummarizer
+from gateway.upstream import upstream_request_headers
+from pipelines import (
+    CompactResult,
+    ConversationState,
+    Policy,
+    RequestRejected,
+    Summarizer,
+    conversation_id,
+)
 from pipelines.budget import BUDGET_FLOOR
 
 __all__ = [
@@ -72,7 +81,11 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     namespace = caller.namespace
     conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
     state = await gateway.stores.conversations.get(namespace, conversation)
-    result = await _compact(gateway, body, policy, state, namespace)
+    summarizer = None
+    if gateway.settings.summaries and policy.mode == "summarize":
+        headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
+        summarizer = UpstreamSummarizer(gateway.upstream, headers, timeout=policy.summary_timeout)
+    result = await _compact(gateway, body, policy, state, namespace, summarizer)
     return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
 
 
@@ -119,8 +132,16 @@ async def _compact(
     policy: Policy,
     state: ConversationState | None,
     namespace: str,
+    summarizer: Summarizer | None = None,
 ) -> CompactResult:
     try:
-        return await gateway.pipeline.compact(body, policy=policy, state=state, namespace=namespace)
+        return await gateway.pipeline.compact(
+            body,
+            policy=policy,
+            state=state,
+            namespace=namespace,
+            store=gateway.stores.for_request(),
+            summarizer=summarizer,
+        )
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

@@ -164,6 +164,11 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``pipelines.ModelInfo``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
+    summaries: bool = False
+    """Ask the summary model to replace compacted spans by a structured summary (policy
+    ``mode=summarize``). Off by default until summaries are prepared in the background:
+    when on, the request that moves the cut waits for the summary (within
+    ``summary-timeout``); later requests reuse it."""
     tenants: tuple[TenantSettings, ...] = ()
     """Teams sharing the gateway; none: passthrough mode (callers' own keys go upstream)."""
 
