@@ -149,3 +149,100 @@ def test_starting_with_redis_down_then_it_comes_up(upstream: MockUpstream) -> No
             assert ready(gateway) == "ready"
     finally:
         server.stop()
+
+
+class SlowProxy:
+    """A TCP proxy in front of Redis that holds every answer back ``delay`` seconds: a
+    Redis that answers, but slowly."""
+
+    def __init__(self, port: int, delay: float) -> None:
+        import asyncio
+        import contextlib
+        import threading
+
+        self.target, self.delay = port, delay
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        started = threading.Event()
+
+        async def serve() -> None:
+            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            started.set()
+            async with server:
+                await server.serve_forever()
+
+        def run() -> None:
+            self.task = self.loop.create_task(serve())
+            with contextlib.suppress(asyncio.CancelledError):
+                self.loop.run_until_complete(self.task)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        started.wait(5)
+
+    async def _client(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(source: Any, sink: Any, delay: float) -> None:
+            try:
+                while data := await source.read(65536):
+                    if delay:
+                        await asyncio.sleep(delay)
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(
+            pipe(reader, upstream_writer, 0.0), pipe(upstream_reader, writer, self.delay)
+        )
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(5)
+
+
+def test_a_slow_redis_costs_a_request_at_most_the_store_timeout(
+    upstream: MockUpstream, redis: RedisServer
+) -> None:
+    """Every answer 35 ms late, under the 0.2 s timeout, so nothing trips the breaker: a
+    request offloading 40 outputs would wait 40 round trips (1.4 s); with one store
+    deadline per request it waits at most about the timeout, some outputs are offloaded
+    and the rest stay in place."""
+    proxy = SlowProxy(redis.port, 0.035)
+    try:
+        with GatewayServer(settings(upstream, f"redis://127.0.0.1:{proxy.port}/0")) as gateway:
+            call = {"id": "c0", "type": "function", "function": {"name": "q", "arguments": "{}"}}
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Run them all."}]
+            for n in range(40):
+                output = "".join(f"{n}-{next(serial)} row {i}: ok\n" for i in range(120))
+                messages += [
+                    {"role": "assistant", "content": None, "tool_calls": [{**call, "id": f"c{n}"}]},
+                    {"role": "tool", "tool_call_id": f"c{n}", "content": output},
+                ]
+            upstream.push(JSONReply(chat_completion()))
+            started = time.monotonic()
+            response = httpx.post(
+                f"{gateway.base_url}/chat/completions",
+                json={"model": "gpt-4o", "messages": messages},
+                headers={
+                    "authorization": "Bearer sk-slow",
+                    "x-contextgate-policy": "filter-tokens=300",
+                },
+                timeout=30,
+            )
+            elapsed = time.monotonic() - started
+            assert response.status_code == 200
+            sent = orjson.loads(upstream.received[-1].body)["messages"]
+            kept = sum(1 for m in sent if m["role"] == "tool" and not m["content"].startswith("["))
+            assert elapsed < 2 * TIMEOUT + MARGIN  # the record's read, then the offloads
+            offloaded = sum(1 for m in sent if m["role"] == "tool" and "ctx_" in m["content"])
+            assert kept > 0  # some outputs stayed in place: their time was used up
+            assert offloaded > 0
+    finally:
+        proxy.close()
