@@ -84,7 +84,13 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     summarizer = None
     if gateway.settings.summaries and policy.mode == "summarize":
         headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
-        summarizer = UpstreamSummarizer(gateway.upstream, headers, timeout=policy.summary_timeout)
+        summarizer = UpstreamSummarizer(
+            gateway.upstream,
+            headers,
+            timeout=policy.summary_timeout,
+            breaker=gateway.summary_breaker,
+            plain=gateway.structured_refused,
+        )
     result = await _compact(gateway, body, policy, state, namespace, summarizer)
     return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
 

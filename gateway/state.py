@@ -11,6 +11,7 @@ import httpx
 
 from gateway.settings import Settings
 from gateway.store import Stores
+from gateway.store.redis import CircuitBreaker
 from gateway.tenants import Tenants
 from gateway.upstream import Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
@@ -32,6 +33,10 @@ class Gateway:
     default_policy: Policy
     stores: Stores
     tenants: Tenants
+    summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
+    """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
+    structured_refused: set[str] = field(default_factory=set)
+    """Models whose provider refused structured output for summaries."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.store.redis import CircuitBreaker
 from gateway.upstream import Upstream
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
@@ -41,7 +42,7 @@ _RESPONSE_FORMAT: Final = {
 
 
 class UpstreamSummarizer:
-    __slots__ = ("_plain", "attempts", "headers", "timeout", "upstream")
+    __slots__ = ("_plain", "attempts", "breaker", "headers", "timeout", "upstream")
 
     def __init__(
         self,
@@ -50,10 +51,15 @@ class UpstreamSummarizer:
         *,
         timeout: float = 20.0,
         attempts: int = 3,
+        breaker: CircuitBreaker | None = None,
+        plain: set[str] | None = None,
     ) -> None:
         self.upstream, self.headers = upstream, dict(headers)
         self.timeout, self.attempts = timeout, attempts
-        self._plain: set[str] = set()
+        self.breaker = breaker
+        """Shared by the requests of a process: after 3 failed summaries in a row, none is
+        asked for a while (then one, to probe)."""
+        self._plain: set[str] = plain if plain is not None else set()
         """Models whose provider refused ``response_format``."""
 
     async def summarize(
@@ -63,13 +69,26 @@ class UpstreamSummarizer:
         model: str,
         previous: Mapping[str, Any] | None = None,
     ) -> Summary:
+        breaker = self.breaker
+        if breaker is not None and not breaker.allow():
+            raise SummaryFailed("summaries are paused after repeated failures")
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._summarize(messages, model, previous)
+                summary = await self._summarize(messages, model, previous)
         except TimeoutError as exc:
-            raise SummaryFailed(f"no summary within {self.timeout:g} s") from exc
+            failure: SummaryFailed = SummaryFailed(f"no summary within {self.timeout:g} s")
+            cause: BaseException = exc
         except GatewayError as exc:
-            raise SummaryFailed(f"the summary model did not answer: {exc.code}") from exc
+            failure, cause = SummaryFailed(f"the summary model did not answer: {exc.code}"), exc
+        except SummaryFailed as exc:
+            failure, cause = exc, exc
+        else:
+            if breaker is not None:
+                breaker.success()
+            return summary
+        if breaker is not None:
+            breaker.failure()
+        raise failure from cause
 
     async def _summarize(
         self, messages: Sequence[Message], model: str, previous: Mapping[str, Any] | None

@@ -104,3 +104,24 @@ async def test_a_slow_model_is_cut_off_at_the_deadline(upstream: MockUpstream) -
     upstream.push(JSONReply(chat_completion(orjson.dumps(GOOD).decode()), delay=2.0))
     with pytest.raises(SummaryFailed, match=r"within 0\.3 s"):
         await run(upstream, timeout=0.3)
+
+
+async def test_repeated_failures_pause_summaries(upstream: MockUpstream) -> None:
+    """After 3 failed summaries in a row the next is refused at once, without asking the
+    model; after the cool-down one is let through again."""
+    from gateway.store.redis import CircuitBreaker
+
+    now = [0.0]
+    breaker = CircuitBreaker(3, 30.0, clock=lambda: now[0])
+    upstream.push(*(JSONReply({"error": {"message": "down"}}, status=503) for _ in range(3)))
+    for _ in range(3):
+        with pytest.raises(SummaryFailed, match="503"):
+            await run(upstream, breaker=breaker)
+    asked = len(upstream.received)
+    with pytest.raises(SummaryFailed, match="paused"):
+        await run(upstream, breaker=breaker)
+    assert len(upstream.received) == asked
+    now[0] = 31.0
+    upstream.push(answering(GOOD))
+    assert (await run(upstream, breaker=breaker)).fields == GOOD
+    assert breaker.state == "closed"
