@@ -55,6 +55,15 @@ async def run(
     )
 
 
+def isolated(summarizer: Any, catalog: Any) -> Pipeline:
+    """A pipeline of its own: fresh stages (no memory of other tests' requests), its own
+    store."""
+    from pipelines.stages import DEFAULT_STAGES, PassThrough
+
+    stages = [s if isinstance(s, PassThrough) else type(s)() for s in DEFAULT_STAGES]
+    return Pipeline(stages=stages, store=MemoryStore(), summarizer=summarizer, catalog=catalog)
+
+
 def details(result: Any) -> dict[str, Any]:
     return next(s.details for s in result.report.stages if s.name == "summarize")
 
@@ -125,7 +134,7 @@ async def test_a_summary_model_too_small_for_the_input_gives_way_to_the_main_mod
 
     catalog = ModelCatalog().extended([ModelInfo("tiny-summarizer", 4_000, 500)])
     summarizer = Scripted("big")
-    pipeline = Pipeline(store=STORE, summarizer=summarizer, catalog=catalog)
+    pipeline = isolated(summarizer, catalog)
     result = await pipeline.compact(
         {"model": "gpt-4o", "messages": long_history()},
         policy=Policy(max_input=6_000, summary_model="tiny-summarizer"),
@@ -143,7 +152,7 @@ async def test_inputs_too_big_for_any_window_keep_the_newest() -> None:
     )
     summarizer = Scripted("trimmed")
     history = long_history()
-    pipeline = Pipeline(store=STORE, summarizer=summarizer, catalog=catalog)
+    pipeline = isolated(summarizer, catalog)
     result = await pipeline.compact(
         {"model": "small-chat", "messages": history},
         policy=Policy(max_input=4_000, summary_model="tiny-summarizer"),
