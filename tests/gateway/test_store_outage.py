@@ -212,8 +212,8 @@ def test_a_slow_redis_costs_a_request_at_most_the_store_timeout(
 ) -> None:
     """Every answer 35 ms late, under the 0.2 s timeout, so nothing trips the breaker: a
     request offloading 40 outputs would wait 40 round trips (1.4 s); with one store
-    deadline per request it waits at most about the timeout, some outputs are offloaded
-    and the rest stay in place."""
+    deadline per request it waits at most about the timeout, and what it had no time to
+    store stays in place (how many got stored depends on the machine's speed)."""
     proxy = SlowProxy(redis.port, 0.035)
     try:
         with GatewayServer(settings(upstream, f"redis://127.0.0.1:{proxy.port}/0")) as gateway:
@@ -241,8 +241,6 @@ def test_a_slow_redis_costs_a_request_at_most_the_store_timeout(
             sent = orjson.loads(upstream.received[-1].body)["messages"]
             kept = sum(1 for m in sent if m["role"] == "tool" and not m["content"].startswith("["))
             assert elapsed < 2 * TIMEOUT + MARGIN  # the record's read, then the offloads
-            offloaded = sum(1 for m in sent if m["role"] == "tool" and "ctx_" in m["content"])
-            assert kept > 0  # some outputs stayed in place: their time was used up
-            assert offloaded > 0
+            assert kept > 0  # outputs stayed in place once the request's store time was used up
     finally:
         proxy.close()
