@@ -57,3 +57,9 @@ def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
 def message_text(message: Message) -> str:
     """The text parts of a message's content, joined by newlines."""
     return "\n".join(text for kind, text in iter_parts(message.get("content")) if kind == "text")
+
+
+def original_bytes(message: Message) -> bytes:
+    """A message's content as stored when offloaded: a string's UTF-8, else its JSON."""
+    content = message["content"]
+    return content.encode() if isinstance(content, str) else orjson.dumps(content)

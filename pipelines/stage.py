@@ -8,21 +8,26 @@ summary model, the clock) reaches it through the context as a Protocol.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from pipelines.budget import Budget
 from pipelines.catalog import ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
+from pipelines.errors import StoreError
 from pipelines.messages import Message
 from pipelines.policy import Policy
 from pipelines.session import ConversationState
 from pipelines.summary import Summary
 from pipelines.tokens import TokenCounter
 
-__all__ = ["Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
+__all__ = ["REF_PATTERN", "Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
+
+REF_PATTERN: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+"""What a ref looks like (DESIGN section 5): ``ctx_`` and at least 22 URL-safe characters."""
 
 Clock = Callable[[], float]
 """Seconds on a monotonic scale."""
@@ -103,6 +108,18 @@ class StageContext:
     def record(self, **details: Any) -> None:
         """Add ``details`` to the running stage's report."""
         self.details.update(details)
+
+    async def confirmed(self, ref: str) -> bool:
+        """Whether ``ref`` is still in the store (renewing it for ``offload-ttl``), asked
+        cheaply: what a rewrite made on an earlier request names must still be there before
+        the rewrite is sent again. False when the store cannot say."""
+        touch = getattr(self.store, "touch", None)
+        if touch is None:
+            return False
+        try:
+            return bool(await touch(self.namespace, ref, self.policy.offload_ttl))
+        except StoreError:
+            return False
 
     def cut(self, name: str) -> int:
         """The cut ``name`` as the conversation's record has it (0 when not known)."""

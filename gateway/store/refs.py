@@ -12,12 +12,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
-from typing import Final
+
+from pipelines.stage import REF_PATTERN
 
 __all__ = ["REF_PATTERN", "make_ref"]
-
-REF_PATTERN: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 
 
 def make_ref(secret: bytes, namespace: str, content: bytes) -> str:

@@ -33,7 +33,6 @@ compaction event is visible as a change of either, or as ``emergency_shortened``
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from pipelines.errors import StoreError
 from pipelines.groups import ANSWER, Group, protect, split_groups
 from pipelines.messages import Message
 from pipelines.preview import preview, trim_json
-from pipelines.stage import StageContext
+from pipelines.stage import REF_PATTERN, StageContext
 
 __all__ = ["Compress"]
 
@@ -61,7 +60,6 @@ less is asked as room shrinks), unless the request is over the budget."""
 
 
 _MEMOS_KEPT: Final = 1_024
-_REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +206,7 @@ class Compress:
             deduped_tokens=sum(size(m) for m in deduped.messages[:cut]),
             cut=cut,
             span_start=int(details.get("span_start", 0)),
-            refs=tuple(sorted(set(_REF.findall(orjson.dumps(out).decode())))),
+            refs=tuple(sorted(set(REF_PATTERN.findall(orjson.dumps(out).decode())))),
             seen=seen,
         )
         self._memos.move_to_end(key)
@@ -238,23 +236,8 @@ class Compress:
         if (*signature[:-1], self.span_share, self.keep_chars) != memo.signature:
             return None
         size = ctx.tokens.message
-        seen = dict(memo.seen)
         tail = list(messages[cut:])
-        duplicates = 0
-        for index, message in enumerate(tail):
-            content = message.get("content")
-            if (
-                message.get("role") != "tool"
-                or not isinstance(content, str)
-                or len(content) < _DEDUP_MIN_CHARS
-            ):
-                continue
-            earlier = seen.get(content)
-            if earlier is None:
-                seen[content] = message
-                continue
-            tail[index] = await self._duplicate(message, earlier, ctx)
-            duplicates += 1
+        duplicates = await self._deduplicated(tail, dict(memo.seen), ctx)
         total = ctx.tokens(conversation)
         prefix = sum(size(m) for m in messages[:cut])
         tail_change = sum(
@@ -265,14 +248,8 @@ class Compress:
         limit = ctx.policy.trigger * ctx.budget.input_tokens
         if deduped_total <= limit or tokens > limit:
             return None
-        touch = getattr(ctx.store, "touch", None)
-        if touch is None:
-            return None
         for ref in memo.refs:
-            try:
-                if not await touch(ctx.namespace, ref, ctx.policy.offload_ttl):
-                    return None
-            except StoreError:
+            if not await ctx.confirmed(ref):
                 return None
         self._memos.move_to_end(key)  # type: ignore[arg-type]
         result = conversation.with_messages([*memo.out, *tail])
@@ -298,10 +275,20 @@ class Compress:
             raise _NoStore from exc
 
     async def _dedup(self, conversation: Conversation, ctx: StageContext) -> Conversation:
-        seen: dict[str, Message] = {}
         out = list(conversation.messages)
+        replaced = await self._deduplicated(out, {}, ctx)
+        if not replaced:
+            return conversation
+        ctx.record(duplicates=replaced)
+        return conversation.with_messages(out)
+
+    async def _deduplicated(
+        self, messages: list[Message], seen: dict[str, Message], ctx: StageContext
+    ) -> int:
+        """Replace, in place, each tool output of 200+ characters identical to one in
+        ``seen`` or earlier in ``messages`` by a back-reference; how many were replaced."""
         replaced = 0
-        for index, message in enumerate(conversation.messages):
+        for index, message in enumerate(messages):
             content = message.get("content")
             if message.get("role") != "tool" or not isinstance(content, str):
                 continue
@@ -311,12 +298,9 @@ class Compress:
             if earlier is None:
                 seen[content] = message
                 continue
-            out[index] = await self._duplicate(message, earlier, ctx)
+            messages[index] = await self._duplicate(message, earlier, ctx)
             replaced += 1
-        if not replaced:
-            return conversation
-        ctx.record(duplicates=replaced)
-        return conversation.with_messages(out)
+        return replaced
 
     async def _duplicate(self, message: Message, earlier: Message, ctx: StageContext) -> Message:
         ref = await self._store(ctx, str(message["content"]).encode())

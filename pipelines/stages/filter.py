@@ -15,11 +15,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
-
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
-from pipelines.messages import Message
+from pipelines.messages import Message, original_bytes
 from pipelines.preview import preview, text_digest
 from pipelines.stage import StageContext
 
@@ -64,7 +62,7 @@ class Filter:
                 continue
             try:
                 ref = await ctx.store.put(
-                    ctx.namespace, _original_bytes(message), ttl=ctx.policy.offload_ttl
+                    ctx.namespace, original_bytes(message), ttl=ctx.policy.offload_ttl
                 )
             except StoreError:
                 kept_without_store += 1
@@ -111,11 +109,6 @@ def _output_text(message: Message) -> str | None:
 
 def _utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode())
-
-
-def _original_bytes(message: Message) -> bytes:
-    content = message["content"]
-    return content.encode() if isinstance(content, str) else orjson.dumps(content)
 
 
 def _header(text: str, tokens: int, ref: str) -> str:

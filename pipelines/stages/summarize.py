@@ -22,7 +22,6 @@ beyond trimming, the circuit breaker.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,13 +30,12 @@ import orjson
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
-from pipelines.stage import StageContext
+from pipelines.stage import REF_PATTERN, StageContext
 from pipelines.summary import SummaryFailed, summary_message
 
 __all__ = ["Summarize"]
 
 _NOTE: Final = "[Context note: "
-_REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 _INPUT_SHARE: Final = 0.8
 """Share of the summary model's window its input may take (the ratio guard)."""
 _PROMPT_TOKENS: Final = 700
@@ -57,7 +55,7 @@ class Summarize:
             return conversation
         first, last = notes[0], notes[-1]
         span = messages[first : last + 1]
-        refs = [_REF.search(str(m["content"])).group() for m in span if _is_note(m)]  # type: ignore[union-attr]
+        refs = [REF_PATTERN.search(str(m["content"])).group() for m in span if _is_note(m)]  # type: ignore[union-attr]
         previous = ctx.state.checkpoint if ctx.state is not None else None
         if previous is not None and previous.get("refs") == refs:
             ctx.record(path="checkpoint reused")
@@ -128,7 +126,7 @@ class Summarize:
             if not _is_note(message):
                 out.append(message)
                 continue
-            ref = _REF.search(str(message["content"])).group()  # type: ignore[union-attr]
+            ref = REF_PATTERN.search(str(message["content"])).group()  # type: ignore[union-attr]
             stored = await ctx.store.get(ctx.namespace, ref)
             if stored is None:
                 raise StoreError(f"{ref} is no longer stored")

@@ -29,7 +29,6 @@ mechanisms moved each other's cuts, and the cost under cache pricing rose from 1
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,16 +39,15 @@ import orjson
 
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
-from pipelines.messages import Message
+from pipelines.messages import Message, original_bytes
 from pipelines.preview import text_digest, trim_json
-from pipelines.stage import StageContext
+from pipelines.stage import REF_PATTERN, StageContext
 
 __all__ = ["TtlPrune"]
 
 _JSON_START: Final = ("[", "{")
 _SHORTENED_KEPT: Final = 2_048
 _REWRITES_KEPT: Final = 8_192
-_REF: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,16 +171,9 @@ class TtlPrune:
         stored (a cheap check, where storing again would hash the whole output)."""
         key = self._rewrite_key(ctx, index, messages, kind)
         made = self._rewrites.get(key) if key is not None else None
-        touch = getattr(ctx.store, "touch", None)
-        if made is None or touch is None:
+        if made is None or not await ctx.confirmed(made[1]):
             return None
-        message, ref = made
-        try:
-            if not await touch(ctx.namespace, ref, ctx.policy.offload_ttl):
-                return None
-        except StoreError:
-            return None
-        return message
+        return made[0]
 
     def _keep(
         self,
@@ -195,7 +186,7 @@ class TtlPrune:
         key = self._rewrite_key(ctx, index, messages, kind)
         if new is None or key is None:
             return
-        found = _REF.search(str(new.get("content", "")))
+        found = REF_PATTERN.search(str(new.get("content", "")))
         if found is None:
             return
         self._rewrites[key] = (new, found.group())
@@ -214,7 +205,7 @@ class TtlPrune:
     async def _archive(
         self, message: Message, text: str, name: str, ctx: StageContext
     ) -> Message | None:
-        ref = await self._stored(ctx, _original(message))
+        ref = await self._stored(ctx, original_bytes(message))
         if ref is None:
             return None
         lines = text.count("\n") + 1
@@ -226,7 +217,7 @@ class TtlPrune:
 
     async def _trimmed(self, message: Message, text: str, ctx: StageContext) -> Message | None:
         short = self._shorter(text)
-        ref = await self._stored(ctx, _original(message))
+        ref = await self._stored(ctx, original_bytes(message))
         if ref is None:
             return None
         note = f"[Trimmed to save space: {len(text):,} characters in full, stored as {ref}.]"
@@ -334,8 +325,3 @@ def _text(message: Message) -> str | None:
         return None
     content: Any = message.get("content")
     return content if isinstance(content, str) else None
-
-
-def _original(message: Message) -> bytes:
-    content = message["content"]
-    return content.encode() if isinstance(content, str) else orjson.dumps(content)

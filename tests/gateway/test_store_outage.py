@@ -76,6 +76,27 @@ def restores(gateway: GatewayServer, sent: bytes) -> bool:
     )
 
 
+def answered_keeping_content(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """While the store is out: answered within the timeout and a margin, nothing replaced
+    (nothing was stored)."""
+    elapsed, output, sent = ask(gateway, upstream)
+    assert elapsed < TIMEOUT + MARGIN
+    assert REF.search(sent.decode()) is None
+    assert orjson.loads(sent)["messages"][2]["content"] == output
+
+
+def offloading_again(gateway: GatewayServer, upstream: MockUpstream) -> tuple[str, bytes]:
+    """After the store is back and the breaker's cool-down: requests until one offloads
+    again (5 s at most); its output and what the upstream received."""
+    time.sleep(COOLDOWN + 0.1)
+    deadline = time.monotonic() + 5
+    while True:
+        _, output, sent = ask(gateway, upstream)
+        if REF.search(sent.decode()) or time.monotonic() > deadline:
+            return output, sent
+        time.sleep(0.1)
+
+
 def ready(gateway: GatewayServer) -> str:
     return str(httpx.get(f"{gateway.url}/readyz").json()["status"])
 
@@ -88,20 +109,11 @@ def test_redis_killed_then_back(upstream: MockUpstream, redis: RedisServer) -> N
 
         redis.kill()
         for _ in range(5):
-            elapsed, output, sent = ask(gateway, upstream)
-            assert elapsed < TIMEOUT + MARGIN
-            assert REF.search(sent.decode()) is None  # nothing stored, nothing replaced
-            assert orjson.loads(sent)["messages"][2]["content"] == output
+            answered_keeping_content(gateway, upstream)
         assert ready(gateway) == "degraded"
 
         redis.start()
-        time.sleep(COOLDOWN + 0.1)
-        deadline = time.monotonic() + 5
-        while True:
-            _, output, sent = ask(gateway, upstream)
-            if REF.search(sent.decode()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        output, sent = offloading_again(gateway, upstream)
         assert output.encode() not in sent
         assert restores(gateway, sent)
         assert ready(gateway) == "ready"
@@ -113,19 +125,10 @@ def test_redis_paused_then_resumed(upstream: MockUpstream, redis: RedisServer) -
         redis.pause()
         try:
             for _ in range(4):
-                elapsed, output, sent = ask(gateway, upstream)
-                assert elapsed < TIMEOUT + MARGIN
-                assert REF.search(sent.decode()) is None
-                assert orjson.loads(sent)["messages"][2]["content"] == output
+                answered_keeping_content(gateway, upstream)
         finally:
             redis.resume()
-        time.sleep(COOLDOWN + 0.1)
-        deadline = time.monotonic() + 5
-        while True:
-            _, output, sent = ask(gateway, upstream)
-            if REF.search(sent.decode()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        output, sent = offloading_again(gateway, upstream)
         assert output.encode() not in sent
         assert restores(gateway, sent)
 
@@ -138,13 +141,7 @@ def test_starting_with_redis_down_then_it_comes_up(upstream: MockUpstream) -> No
             assert orjson.loads(sent)["messages"][2]["content"] == output
             assert ready(gateway) == "degraded"
             server.start()
-            time.sleep(COOLDOWN + 0.1)
-            deadline = time.monotonic() + 5
-            while True:
-                _, output, sent = ask(gateway, upstream)
-                if REF.search(sent.decode()) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            _, sent = offloading_again(gateway, upstream)
             assert restores(gateway, sent)
             assert ready(gateway) == "ready"
     finally:

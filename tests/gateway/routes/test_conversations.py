@@ -14,19 +14,7 @@ from pipelines import ConversationState
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion
 from tests.openai_schema import assert_valid_request
-
-
-def shot(n: int) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{'Q' * 300}{n}"}}
-
-
-def screenshots(count: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Watch the deploy page."}]
-    for n in range(count):
-        call = {"id": f"s{n}", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"s{n}", "content": [shot(n)]})
-    return messages
+from tests.pipelines.stages.test_media import screenshots
 
 
 def without_tool_images(body: dict[str, Any]) -> dict[str, Any]:
