@@ -20,6 +20,7 @@ a line boundary and the answer says which lines came and how to ask for the next
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -81,9 +82,13 @@ RESTORE_TOOL: Final[dict[str, Any]] = {
 }
 
 
+_REF_BYTES: Final = re.compile(REF_PATTERN.pattern.encode())
+
+
 def has_refs(body: bytes) -> bool:
-    """Whether an outgoing request body names any offloaded object."""
-    return b"ctx_" in body and REF_PATTERN.search(body.decode("utf-8", "replace")) is not None
+    """Whether an outgoing request body names any offloaded object (searched as bytes: a
+    resent history is large, and decoding it on every request to look is waste)."""
+    return b"ctx_" in body and _REF_BYTES.search(body) is not None
 
 
 def with_restore_tool(request: dict[str, Any]) -> dict[str, Any] | None:
