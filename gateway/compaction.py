@@ -26,30 +26,20 @@ from pipelines import (
     ConversationState,
     Policy,
     RequestRejected,
-    Summarizer,
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR
+from pipelines.checkpoints import Summaries
 
 __all__ = [
     "CONVERSATION_HEADER",
     "ChatRequest",
     "compact_request",
-    "is_context_overflow",
     "recompact",
 ]
 
 CONVERSATION_HEADER: Final = "x-contextgate-conversation"
 _CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
-
-OVERFLOW_PHRASES: Final = (
-    "maximum context length",
-    "context_length_exceeded",
-    "context window",
-    "reduce the length of the messages",
-    "too many tokens",
-    "prompt is too long",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +71,7 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     namespace = caller.namespace
     conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
     state = await gateway.stores.conversations.get(namespace, conversation)
-    summarizer = None
+    summaries = None
     if gateway.settings.summaries and policy.mode == "summarize":
         headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
         summarizer = UpstreamSummarizer(
@@ -91,7 +81,10 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
             breaker=gateway.summary_breaker,
             plain=gateway.structured_refused,
         )
-    result = await _compact(gateway, body, policy, state, namespace, summarizer)
+        summaries = gateway.summaries.bind(
+            namespace, conversation, summarizer, policy.summary_timeout
+        )
+    result = await _compact(gateway, body, policy, state, namespace, summaries)
     return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
 
 
@@ -109,14 +102,6 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
     if result.request == chat.result.request:
         return None
     return replace(chat, policy=policy, result=result)
-
-
-def is_context_overflow(status: int, body: bytes) -> bool:
-    """Whether an upstream error says the prompt did not fit the model's window."""
-    if status not in (400, 413, 422):
-        return False
-    text = body[:4096].decode("utf-8", "replace").lower()
-    return any(phrase in text for phrase in OVERFLOW_PHRASES)
 
 
 def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:
@@ -138,7 +123,7 @@ async def _compact(
     policy: Policy,
     state: ConversationState | None,
     namespace: str,
-    summarizer: Summarizer | None = None,
+    summaries: Summaries | None = None,
 ) -> CompactResult:
     try:
         return await gateway.pipeline.compact(
@@ -147,7 +132,7 @@ async def _compact(
             state=state,
             namespace=namespace,
             store=gateway.stores.for_request(),
-            summarizer=summarizer,
+            summaries=summaries,
         )
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

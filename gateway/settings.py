@@ -166,15 +166,21 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
     summaries: bool = False
     """Ask the summary model to replace compacted spans by a structured summary (policy
-    ``mode=summarize``). Off by default until summaries are prepared in the background:
-    when on, the request that moves the cut waits for the summary (within
-    ``summary-timeout``); later requests reuse it."""
+    ``mode=summarize``): prepared in the background from ``prepare`` utilisation, made
+    synchronously (within ``summary-timeout``) only when none is ready at a cut."""
+    summary_workers: int = 2
+    """Background summaries running at once in a process."""
+    summary_queue: int = 64
+    """Background summaries waiting in a process; beyond it new ones are dropped (a
+    later request of the conversation schedules its summary again)."""
     tenants: tuple[TenantSettings, ...] = ()
     """Teams sharing the gateway; none: passthrough mode (callers' own keys go upstream)."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
+        if not 1 <= self.summary_workers <= 64 or not 1 <= self.summary_queue <= 10_000:
+            raise ConfigError("summary_workers must be 1-64 and summary_queue 1-10000")
         names: set[str] = set()
         hashes: set[str] = set()
         for tenant in self.tenants:

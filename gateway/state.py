@@ -12,6 +12,7 @@ import httpx
 from gateway.settings import Settings
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
+from gateway.summaries import SummaryService
 from gateway.tenants import Tenants
 from gateway.upstream import Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
@@ -33,6 +34,7 @@ class Gateway:
     default_policy: Policy
     stores: Stores
     tenants: Tenants
+    summaries: SummaryService
     summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
     structured_refused: set[str] = field(default_factory=set)
@@ -60,6 +62,12 @@ class Gateway:
             default_policy=settings.default_policy(),
             stores=stores,
             tenants=Tenants(settings),
+            summaries=SummaryService(
+                stores.conversations,
+                stores.objects,
+                workers=settings.summary_workers,
+                queue_size=settings.summary_queue,
+            ),
         )
 
     def warm(self) -> None:
@@ -72,6 +80,7 @@ class Gateway:
         gc.freeze()
 
     async def aclose(self) -> None:
+        await self.summaries.aclose()
         if self._writes:
             await asyncio.wait(self._writes, timeout=1.0)
         await self.upstream.aclose()

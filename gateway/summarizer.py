@@ -19,13 +19,14 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.store.redis import CircuitBreaker
-from gateway.upstream import Upstream
+from gateway.upstream import Upstream, is_context_overflow
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
     MIN_RETENTION,
     Summary,
     SummaryFailed,
     SummaryInvalid,
+    SummaryOverflow,
     key_entities,
     parse_summary,
     retention,
@@ -80,6 +81,8 @@ class UpstreamSummarizer:
             cause: BaseException = exc
         except GatewayError as exc:
             failure, cause = SummaryFailed(f"the summary model did not answer: {exc.code}"), exc
+        except SummaryOverflow:
+            raise  # the input's fault, not the summary model's: asked again with less
         except SummaryFailed as exc:
             failure, cause = exc, exc
         else:
@@ -126,6 +129,8 @@ class UpstreamSummarizer:
             self._plain.add(model)
             del body["response_format"]
             status, answer = await self._post(body)
+        if is_context_overflow(status, answer):
+            raise SummaryOverflow(f"the summary model's window was exceeded ({status})")
         if status != 200:
             raise SummaryFailed(
                 f"the summary model answered {status}: {answer[:200].decode('utf-8', 'replace')}"

@@ -20,7 +20,14 @@ from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreac
 from gateway.settings import UpstreamSettings
 from gateway.sse import sse_events
 
-__all__ = ["HOP_BY_HOP", "Upstream", "relayable_response_headers", "upstream_request_headers"]
+__all__ = [
+    "HOP_BY_HOP",
+    "OVERFLOW_PHRASES",
+    "Upstream",
+    "is_context_overflow",
+    "relayable_response_headers",
+    "upstream_request_headers",
+]
 
 HOP_BY_HOP: Final = frozenset(
     {
@@ -192,3 +199,21 @@ def _mapped(
 
 def _per_shard(total: int | None, shards: int) -> int | None:
     return None if total is None else max(1, -(-total // shards))
+
+
+OVERFLOW_PHRASES: Final = (
+    "maximum context length",
+    "context_length_exceeded",
+    "context window",
+    "reduce the length of the messages",
+    "too many tokens",
+    "prompt is too long",
+)
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    """Whether an upstream error says the prompt did not fit the model's window."""
+    if status not in (400, 413, 422):
+        return False
+    text = body[:4096].decode("utf-8", "replace").lower()
+    return any(phrase in text for phrase in OVERFLOW_PHRASES)

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipelines.budget import Budget
 from pipelines.catalog import ModelCatalog
+from pipelines.checkpoints import LocalSummaries, Summaries
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
@@ -105,13 +106,16 @@ class Pipeline:
         now: float | None = None,
         store: OffloadStore | None = None,
         summarizer: Summarizer | None = None,
+        summaries: Summaries | None = None,
     ) -> CompactResult:
         """Run every stage over ``request`` (an OpenAI chat request body).
 
         ``state`` is the conversation's record from its earlier requests, ``now`` the wall
         clock (default: the current time); together they say whether the provider's prompt
         cache is still warm. Without a state the conversation counts as new, so cold.
-        ``store`` and ``summarizer`` replace the pipeline's for this call.
+        ``store`` and ``summarizer`` replace the pipeline's for this call; ``summaries``
+        (the gateway's: background preparation, checkpoints shared by replicas) replaces
+        the summarizer's default, which makes each summary when it is needed.
         """
         started = perf_counter()
         policy = policy or Policy()
@@ -133,6 +137,10 @@ class Pipeline:
         )
         if diverged:
             report.cache = "diverged"
+        store = store if store is not None else self.store
+        summarizer = summarizer if summarizer is not None else self.summarizer
+        if summaries is None and summarizer is not None and store is not None:
+            summaries = LocalSummaries(summarizer, store)
         ctx = StageContext(
             model=info,
             policy=policy,
@@ -145,8 +153,10 @@ class Pipeline:
             summary_model=self.catalog.lookup(policy.summary_model)
             if policy.summary_model
             else None,
-            store=store if store is not None else self.store,
-            summarizer=summarizer if summarizer is not None else self.summarizer,
+            store=store,
+            summarizer=summarizer,
+            summaries=summaries,
+            received=conversation,
             state=state,
             cold=cold,
         )

@@ -63,7 +63,8 @@ class Report:
         """Whether this request's compaction differs in kind from ``previous``'s (of the
         same conversation): a stage moved a cut, compress changed level, cut or where its
         span starts (the anchor is released when the pinned messages outgrow half the
-        budget), or an emergency shortening acted on either. Between events, a growing history keeps
+        budget), an emergency shortening acted on either, or the summary stands for other messages.
+        Between events, a growing history keeps
         its outgoing prefix."""
         for stage in self.stages:
             if stage.details.get("moved"):
@@ -71,8 +72,14 @@ class Report:
         now, before = self.stage("compress"), previous.stage("compress")
         now_details = now.details if now is not None else {}
         before_details = before.details if before is not None else {}
+        summary_now, summary_before = self.stage("summarize"), previous.stage("summarize")
+        covers_now = summary_now.details.get("covers") if summary_now is not None else None
+        covers_before = summary_before.details.get("covers") if summary_before else None
         return (
-            any(now_details.get(k) != before_details.get(k) for k in ("level", "cut", "span_start"))
+            covers_now != covers_before
+            or any(
+                now_details.get(k) != before_details.get(k) for k in ("level", "cut", "span_start")
+            )
             or "emergency_shortened" in now_details
             or "emergency_shortened" in before_details
         )

@@ -70,8 +70,10 @@ class ConversationState:
     sent_tokens: int | None = None
     """Tokens the pipeline sent for the previous request."""
     checkpoint: dict[str, Any] | None = None
-    """The summary standing for the compacted span: ``{"refs": [...], "summary": {...}}``,
-    reused verbatim while the span is the same, merged into when it grows."""
+    """The checkpoint the previous request applied (``pipelines.checkpoints.Checkpoint``
+    as a dict), applied again while compress's cut stays."""
+    compacted_cut: int = 0
+    """Compress's cut on the previous request (0: it did not cut)."""
     cold_sent: bool = False
     """The previous request went out on a cold cache, so the provider's cache-hit
     feedback on it says nothing about the cache now."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from pipelines.budget import Budget
 from pipelines.catalog import ModelInfo
@@ -24,7 +24,18 @@ from pipelines.session import ConversationState
 from pipelines.summary import Summary
 from pipelines.tokens import TokenCounter
 
-__all__ = ["REF_PATTERN", "Clock", "OffloadStore", "Stage", "StageContext", "Summarizer"]
+if TYPE_CHECKING:
+    from pipelines.checkpoints import Summaries
+
+__all__ = [
+    "REF_PATTERN",
+    "Clock",
+    "Compacted",
+    "OffloadStore",
+    "Stage",
+    "StageContext",
+    "Summarizer",
+]
 
 REF_PATTERN: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 """What a ref looks like (DESIGN section 5): ``ctx_`` and at least 22 URL-safe characters."""
@@ -73,6 +84,16 @@ class Stage(Protocol):
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """Where compress cut this request: ``source`` is the conversation it was given, and
+    its messages ``start:cut`` are what its output's span stands for."""
+
+    source: Conversation
+    start: int
+    cut: int
+
+
 @dataclass(slots=True)
 class StageContext:
     """What every stage may consult for one request."""
@@ -93,6 +114,12 @@ class StageContext:
     """The catalog entry of ``policy.summary_model`` when one is set."""
     store: OffloadStore | None = None
     summarizer: Summarizer | None = None
+    summaries: Summaries | None = None
+    """Where checkpoints are found and made (``summarize`` mode)."""
+    received: Conversation | None = None
+    """The conversation as the request brought it, before any stage."""
+    compacted: Compacted | None = None
+    """Set by compress when it cut the span."""
     state: ConversationState | None = None
     """The conversation's record from earlier requests (``None``: not known)."""
     cold: bool = True

@@ -31,6 +31,7 @@ __all__ = [
     "Summary",
     "SummaryFailed",
     "SummaryInvalid",
+    "SummaryOverflow",
     "key_entities",
     "parse_summary",
     "retention",
@@ -88,6 +89,10 @@ class Summary:
 
 class SummaryFailed(Exception):
     """No usable summary (no valid answer, an error, the deadline); the message says why."""
+
+
+class SummaryOverflow(SummaryFailed):
+    """The summary model said its input did not fit its context window."""
 
 
 class SummaryInvalid(ValueError):

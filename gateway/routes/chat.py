@@ -16,14 +16,14 @@ from litestar.response.base import ASGIResponse
 
 from gateway import restore
 from gateway.client import while_connected
-from gateway.compaction import ChatRequest, compact_request, is_context_overflow, recompact
+from gateway.compaction import ChatRequest, compact_request, recompact
 from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, first_event, is_event_stream, streamed_response
 from gateway.restore import RESTORE_TOOL, Restorer, has_refs, with_restore_tool
 from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
-from gateway.upstream import upstream_request_headers
+from gateway.upstream import is_context_overflow, upstream_request_headers
 from pipelines import TokenCounter
 
 __all__ = ["MAX_ATTEMPTS", "chat_completions"]

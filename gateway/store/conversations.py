@@ -2,6 +2,8 @@
 
 The record (``pipelines.ConversationState``) is small: when the conversation last went
 upstream, the usage the provider reported, and the cuts of the rewrites already applied.
+Beside it, kept apart so that a request's record write cannot overwrite it, the latest
+checkpoint prepared in the background, and the lock that makes summaries single-flight.
 Losing it costs a cache-cold pass, never content: a conversation without a record is
 treated as new. The in-memory backend here is bounded by count and expires records after
 a day; the Redis backend shares records between replicas.
@@ -9,6 +11,7 @@ a day; the Redis backend shares records between replicas.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
@@ -28,16 +31,36 @@ class ConversationRecords(Protocol):
         """Keep ``state`` as the conversation's record; failures are swallowed."""
         ...
 
+    async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
+        """The conversation's latest prepared checkpoint (JSON), or ``None``."""
+        ...
+
+    async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
+        """Keep ``data`` as the conversation's latest prepared checkpoint; failures are
+        swallowed."""
+        ...
+
+    async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
+        """Take the conversation's summary lock for ``seconds`` at most: a token to
+        release it with, or ``None`` when someone holds it (or the store cannot say)."""
+        ...
+
+    async def unlock(self, namespace: str, conversation: str, token: str) -> None:
+        """Release the lock taken with ``token`` (not one taken by another since)."""
+        ...
+
 
 class MemoryConversations:
     """Records in this process: at most ``max_records``, least recently used dropped
     first, each kept ``ttl`` seconds after its last write."""
 
-    __slots__ = ("_records", "max_records", "ttl")
+    __slots__ = ("_checkpoints", "_locks", "_records", "max_records", "ttl")
 
     def __init__(self, *, max_records: int = 100_000, ttl: float = 86_400.0) -> None:
         self.max_records, self.ttl = max_records, ttl
         self._records: OrderedDict[tuple[str, str], tuple[float, ConversationState]] = OrderedDict()
+        self._checkpoints: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
+        self._locks: dict[tuple[str, str], tuple[float, str]] = {}
 
     async def get(self, namespace: str, conversation: str) -> ConversationState | None:
         key = (namespace, conversation)
@@ -57,6 +80,34 @@ class MemoryConversations:
         self._records.move_to_end(key)
         while len(self._records) > self.max_records:
             self._records.popitem(last=False)
+
+    async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
+        found = self._checkpoints.get((namespace, conversation))
+        return found[1] if found is not None and found[0] >= time.monotonic() else None
+
+    async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
+        key = (namespace, conversation)
+        self._checkpoints[key] = (time.monotonic() + self.ttl, data)
+        self._checkpoints.move_to_end(key)
+        while len(self._checkpoints) > self.max_records:
+            self._checkpoints.popitem(last=False)
+
+    async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
+        key, now = (namespace, conversation), time.monotonic()
+        held = self._locks.get(key)
+        if held is not None and held[0] > now:
+            return None
+        if len(self._locks) > self.max_records:
+            self._locks = {k: v for k, v in self._locks.items() if v[0] > now}
+        token = secrets.token_hex(8)
+        self._locks[key] = (now + seconds, token)
+        return token
+
+    async def unlock(self, namespace: str, conversation: str, token: str) -> None:
+        key = (namespace, conversation)
+        held = self._locks.get(key)
+        if held is not None and held[1] == token:
+            del self._locks[key]
 
     def __len__(self) -> int:
         return len(self._records)

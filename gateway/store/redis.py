@@ -12,8 +12,9 @@ Keys (Redis Cluster and Valkey compatible):
   the bytes. Objects are read and written one at a time, so they carry no hash tag and
   spread over the cluster.
 - ``cg:{c:<namespace id>:<conversation>}:state``: a conversation's record, under a hash
-  tag so that what later goes with it (its summary lock and checkpoints) lands in the same
-  slot.
+  tag so that what goes with it lands in the same slot: ``...:checkpoint``, the latest
+  checkpoint prepared for it, and ``...:lock``, its summary lock (``SET NX PX`` with a
+  random token; released only by its holder, else it expires).
 - ``cg:secret``: the refs' HMAC key when the configuration gives none: created once by
   whichever replica gets there first (``SET NX``), read by the others.
 
@@ -63,6 +64,10 @@ _KNOWN_FOR: Final = 3_600.0
 _RAW, _ZLIB = b"r", b"z"
 _KNOWN_REFS: Final = 65_536
 _RECORD_TTL: Final = 86_400
+_UNLOCK: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 class CircuitBreaker:
@@ -320,9 +325,9 @@ class RedisConversations:
     def __init__(self, backend: RedisBackend) -> None:
         self.backend = backend
 
-    @staticmethod
-    def key(namespace: str, conversation: str) -> str:
-        return f"cg:{{c:{namespace_id(namespace)}:{conversation}}}:state"
+    @classmethod
+    def key(cls, namespace: str, conversation: str) -> str:
+        return cls._key(namespace, conversation, "state")
 
     async def get(self, namespace: str, conversation: str) -> ConversationState | None:
         """The record; in the same round trip, the epoch that lets this request trust the
@@ -348,5 +353,41 @@ class RedisConversations:
         data = state.to_json()
         try:
             await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL))
+        except StoreError:
+            return
+
+    @staticmethod
+    def _key(namespace: str, conversation: str, what: str) -> str:
+        return f"cg:{{c:{namespace_id(namespace)}:{conversation}}}:{what}"
+
+    async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
+        key, client = self._key(namespace, conversation, "checkpoint"), self.backend.client
+        try:
+            data = await self.backend.run(lambda: client.get(key))
+        except StoreError:
+            return None
+        return data if isinstance(data, bytes) else None
+
+    async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
+        key, client = self._key(namespace, conversation, "checkpoint"), self.backend.client
+        try:
+            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL))
+        except StoreError:
+            return
+
+    async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
+        key, client = self._key(namespace, conversation, "lock"), self.backend.client
+        token = secrets.token_hex(8)
+        milliseconds = max(1, int(seconds * 1000))
+        try:
+            taken = await self.backend.run(lambda: client.set(key, token, nx=True, px=milliseconds))
+        except StoreError:
+            return None
+        return token if taken else None
+
+    async def unlock(self, namespace: str, conversation: str, token: str) -> None:
+        key, client = self._key(namespace, conversation, "lock"), self.backend.client
+        try:
+            await self.backend.run(lambda: client.eval(_UNLOCK, 1, key, token))
         except StoreError:
             return

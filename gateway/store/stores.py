@@ -69,6 +69,23 @@ class _GuardedRecords:
         if namespace != UNRESOLVED:
             await self.inner.put(namespace, conversation, state)
 
+    async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
+        if namespace == UNRESOLVED:
+            return None
+        return await self.inner.checkpoint(namespace, conversation)
+
+    async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
+        if namespace != UNRESOLVED:
+            await self.inner.keep_checkpoint(namespace, conversation, data)
+
+    async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
+        if namespace == UNRESOLVED:
+            return None
+        return await self.inner.lock(namespace, conversation, seconds)
+
+    async def unlock(self, namespace: str, conversation: str, token: str) -> None:
+        await self.inner.unlock(namespace, conversation, token)
+
 
 class Deadlined:
     """An offload store whose operations for one request share one deadline: a Redis

@@ -44,10 +44,11 @@ from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.groups import ANSWER, Group, protect, split_groups
 from pipelines.messages import Message
+from pipelines.notes import removal_note
 from pipelines.preview import preview, trim_json
-from pipelines.stage import REF_PATTERN, StageContext
+from pipelines.stage import REF_PATTERN, Compacted, StageContext
 
-__all__ = ["Compress"]
+__all__ = ["Compress", "compactable"]
 
 _DEDUP_MIN_CHARS: Final = 200
 _NOT_KEPT: Final = "no copy is kept (the offload store could not take it)"
@@ -120,6 +121,9 @@ class Compress:
                     ctx.record(level="full")
                     result = await self._cut(result, ctx)
                     self._remember(conversation, deduped, result, ctx)
+            cut = ctx.details.get("cut")
+            if isinstance(cut, int):
+                ctx.compacted = Compacted(conversation, int(ctx.details["span_start"]), cut)
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
         except _NoStore:
@@ -458,20 +462,10 @@ class Compress:
         return note
 
     async def _make_note(self, removed: list[Message], ctx: StageContext) -> Message:
-        ref = await self._store(ctx, orjson.dumps(removed))
-        calls: dict[str, int] = {}
-        for message in removed:
-            for call in message.get("tool_calls") or ():
-                function = call.get("function") if isinstance(call, dict) else None
-                name = str(function.get("name", "?")) if isinstance(function, dict) else "?"
-                calls[name] = calls.get(name, 0) + 1
-        described = ", ".join(f"{name} x{count}" for name, count in sorted(calls.items()))
-        what = f"{len(removed)} earlier messages" + (f" (tool calls: {described})" if calls else "")
-        return {
-            "role": "user",
-            "content": f"[Context note: {what} were removed to fit the context window."
-            f" They are stored as {ref} and can be restored. This note is not a new request.]",
-        }
+        try:
+            return await removal_note(removed, ctx)
+        except StoreError as exc:
+            raise _NoStore from exc
 
     async def _emergency(
         self, conversation: Conversation, ctx: StageContext, *, lossy: bool = False
@@ -585,6 +579,28 @@ def _cut_strings(value: object, ref: str) -> object:
     if isinstance(value, list):
         return [_cut_strings(item, ref) for item in value]
     return value
+
+
+def compactable(
+    conversation: Conversation, ctx: StageContext
+) -> tuple[int, int, tuple[int, ...]] | None:
+    """Where compaction may act in ``conversation``: from the first group after the
+    system prompt and anchor to the protected tail (``None`` when that is empty), and the
+    protected messages inside that range."""
+    messages = conversation.messages
+    groups = split_groups(messages)
+    protection = protect(
+        messages,
+        groups,
+        budget=ctx.budget.input_tokens,
+        tail_ratio=ctx.policy.tail_ratio,
+        tokens_of=ctx.tokens.message,
+    )
+    span = _span(groups, protection.indices, protection.tail_start)
+    if not span:
+        return None
+    start, end = span[0].start, span[-1].end
+    return start, end, tuple(sorted(i for i in protection.indices if start <= i < end))
 
 
 def _span(groups: list[Group], protected: frozenset[int], tail_start: int) -> list[Group]:

@@ -1,45 +1,74 @@
 """Stage 6: the compacted span replaced by a structured summary a model wrote.
 
-Compress (stage 5) leaves the span it compacted as a run of notes naming stored refs, with
-the user messages and answers it kept in between. In ``summarize`` mode, with a summarizer
-at hand, this stage replaces that whole run by one recalled-context message holding the
-11-field summary of everything in it (the removed messages read back from the store),
-listing the refs of what it stands for.
+When compress cuts the span (from ``trigger``), this stage replaces what it made of it by
+one recalled-context message holding the 11-field summary of those messages, listing the
+refs of their stored originals. Summaries come as checkpoints (``pipelines.checkpoints``):
+each stands for the received messages ``start:end`` and is recognised by their hash chain,
+so it applies to any request that starts with them, whichever replica made it.
 
-A summary is a model's answer, so it is not computed again for the same span: the
-conversation's record keeps it as a checkpoint under the span's refs (content-addressed,
-so the same refs mean the same messages) and a later request with the same span gets the
-same message, byte for byte. When the span grows (compress moved its cut), only what is
-new is summarised, merged into the previous summary. Anything failing (no summarizer
-answer in time, an invalid one, the store) leaves the notes as compress wrote them: the
-deterministic fallback. The request never fails here.
+Making one takes a model call, so the stage avoids waiting for it:
 
-Still to come (issue 5): preparing the summary in the background from 0.40, sharing
-checkpoints across replicas and single-flight locks, the auxiliary-model ratio guard
-beyond trimming, the circuit breaker.
+- **Preparation**: from ``prepare`` (0.40) utilisation, once the compactable span holds
+  500 tokens, and then each time it has grown by a grid step of compress
+  (``(trigger - target) x budget``) beyond what the best known checkpoint covers, a job
+  for it, merged into that checkpoint, is handed to the summaries service to run in the
+  background: about one summary call per compaction event. The request is not held.
+- **Use**: when compress cuts, the previous request's checkpoint is applied again while
+  the cut is the same (same bytes, the prefix does not move). At a new cut, the
+  checkpoint covering the most of the span is applied (the one prepared in the background,
+  usually); what lies between its end and the cut becomes a note, as compress writes them.
+  Without any, the summary is made now, within ``summary-timeout``.
+- **Fallback**: anything failing (no answer in time, an invalid one, the store) leaves the
+  span as compress wrote it, notes naming the refs: the deterministic fallback. The request
+  never fails here.
+
+A cut that was already sent with notes while the provider's cache is warm keeps its notes
+until the next cut (hot-cache bypass): replacing them would break the cached prefix for a
+few tokens' gain. Protected messages (the latest user message before a long agent loop)
+are never summarised away: they follow the summary, as they are.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
+from pipelines.checkpoints import Checkpoint, Summaries, SummaryJob, chain_of
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
-from pipelines.stage import REF_PATTERN, StageContext
+from pipelines.notes import removal_note
+from pipelines.stage import Compacted, StageContext
+from pipelines.stages.compress import compactable
 from pipelines.summary import SummaryFailed, summary_message
 
 __all__ = ["Summarize"]
 
-_NOTE: Final = "[Context note: "
 _INPUT_SHARE: Final = 0.8
 """Share of the summary model's window its input may take (the ratio guard)."""
 _PROMPT_TOKENS: Final = 700
 """About what the summary prompt's instructions cost."""
+_WORTH_SUMMARISING: Final = 500
+"""Tokens of compactable span worth a first summary."""
+
+
+class _Lookup:
+    """The service and the conversation's prepared checkpoint, read at most once."""
+
+    __slots__ = ("_read", "_ready", "summaries")
+
+    def __init__(self, summaries: Summaries) -> None:
+        self.summaries = summaries
+        self._ready: Checkpoint | None = None
+        self._read = False
+
+    async def ready(self) -> Checkpoint | None:
+        if not self._read:
+            self._ready, self._read = await self.summaries.ready(), True
+        return self._ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,92 +76,195 @@ class Summarize:
     name: str = "summarize"
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
-        if ctx.policy.mode != "summarize" or ctx.summarizer is None or ctx.store is None:
+        if (
+            ctx.policy.mode != "summarize"
+            or ctx.summaries is None
+            or ctx.store is None
+            or ctx.received is None
+        ):
             return conversation
-        messages = conversation.messages
-        notes = [i for i, m in enumerate(messages) if _is_note(m)]
-        if not notes:
+        budget = ctx.budget.input_tokens
+        preparing = ctx.tokens(ctx.received) >= ctx.policy.prepare * budget
+        compacted = ctx.compacted
+        if compacted is None and not preparing:
             return conversation
-        first, last = notes[0], notes[-1]
-        span = messages[first : last + 1]
-        refs = [REF_PATTERN.search(str(m["content"])).group() for m in span if _is_note(m)]  # type: ignore[union-attr]
-        previous = ctx.state.checkpoint if ctx.state is not None else None
-        if previous is not None and previous.get("refs") == refs:
-            ctx.record(path="checkpoint reused")
-            return self._replaced(conversation, first, last, previous, ctx)
-        merge = (
-            previous
-            if previous is not None and refs[: len(previous.get("refs", []))] == previous["refs"]
-            else None
-        )
-        new_refs = refs[len(merge["refs"]) :] if merge is not None else refs
-        try:
-            inputs = await self._inputs(span, new_refs, ctx)
-        except StoreError:
-            ctx.record(path="fallback: store unavailable")
-            return conversation
-        model, inputs, guard = self._guarded(inputs, previous if merge else None, ctx)
-        try:
-            async with asyncio.timeout(ctx.policy.summary_timeout):
-                summary = await ctx.summarizer.summarize(
-                    inputs,
-                    model=model,
-                    previous=merge["summary"] if merge is not None else None,
-                )
-        except (SummaryFailed, TimeoutError) as exc:
-            ctx.record(path=f"fallback: {exc or 'deadline'}")
-            return conversation
-        checkpoint = {"refs": refs, "summary": summary.fields}
-        ctx.carry["checkpoint"] = checkpoint
-        ctx.record(
-            path="merged" if merge is not None else "summarised",
-            attempts=summary.attempts,
-            retention=round(summary.retention, 3),
-            model=model,
-            guard=guard,
-        )
-        return self._replaced(conversation, first, last, checkpoint, ctx)
+        source = compacted.source if compacted is not None else conversation
+        if len(source.messages) != len(ctx.received.messages):
+            return conversation  # an earlier stage changed the messages' count: no mapping
+        lookup = _Lookup(ctx.summaries)
+        result, applied = conversation, None
+        if compacted is not None:
+            ctx.carry["compacted_cut"] = compacted.cut
+            result, applied = await self._apply(conversation, compacted, lookup, ctx)
+        if preparing:
+            await self._prepare(source, applied, lookup, ctx)
+        return result
 
-    def _replaced(
+    async def _apply(
+        self, conversation: Conversation, compacted: Compacted, lookup: _Lookup, ctx: StageContext
+    ) -> tuple[Conversation, Checkpoint | None]:
+        """The conversation with compress's span replaced by a checkpoint, and that
+        checkpoint; the conversation as it is when there is none to use."""
+        assert ctx.received is not None
+        received = ctx.received.messages
+        start, cut = compacted.start, compacted.cut
+        span = compactable(compacted.source, ctx)
+        limit, pinned = (max(span[1], cut), span[2]) if span is not None else (cut, ())
+        state = ctx.state
+        previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
+        if (
+            previous is not None
+            and previous.cut == cut
+            and previous.applies_to(received, start, limit)
+            and await self._stored(previous, ctx)
+        ):
+            checkpoint, path = previous, "checkpoint reused"
+        elif (
+            not ctx.cold
+            and ctx.cut("compacted_cut") == cut
+            and state is not None
+            and state.compacted_cut == cut
+            and ctx.tokens(conversation) <= ctx.policy.emergency * ctx.budget.input_tokens
+        ):
+            ctx.record(path="notes kept: the cut went out with them and the cache is warm")
+            return conversation, None
+        else:
+            ready = await lookup.ready()
+            candidates = [
+                k
+                for k in (ready, previous)
+                if k is not None and k.applies_to(received, start, limit)
+            ]
+            found = max(candidates, key=lambda k: k.end, default=None)
+            if found is not None and await self._stored(found, ctx):
+                checkpoint = found
+                path = "prepared checkpoint used" if found is ready else "checkpoint extended"
+            else:
+                job = self._job(compacted.source, start, cut, None, ctx)
+                try:
+                    checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
+                except (SummaryFailed, TimeoutError, StoreError) as exc:
+                    ctx.record(path=f"fallback: {exc or 'deadline'}")
+                    return conversation, None
+                if not checkpoint.applies_to(received, start, limit):
+                    ctx.record(path="fallback: the summary made meanwhile covers another span")
+                    return conversation, None
+                path = "summarised"
+        try:
+            result = await self._replaced(conversation, compacted, checkpoint, pinned, ctx)
+        except StoreError:
+            ctx.record(path="fallback: store unavailable", store_failures=1)
+            return conversation, None
+        budget = ctx.budget.input_tokens
+        if ctx.tokens(result) > max(ctx.tokens(conversation), ctx.policy.trigger * budget):
+            ctx.record(path="fallback: the summary is larger than the notes")
+            return conversation, None
+        checkpoint = checkpoint.applied_at(cut)
+        ctx.carry["checkpoint"] = checkpoint.to_dict()
+        ctx.record(path=path, covers=[checkpoint.start, checkpoint.end], **checkpoint.made)
+        return result, checkpoint
+
+    async def _replaced(
         self,
         conversation: Conversation,
-        first: int,
-        last: int,
-        checkpoint: dict[str, Any],
+        compacted: Compacted,
+        checkpoint: Checkpoint,
+        pinned: Sequence[int],
         ctx: StageContext,
     ) -> Conversation:
-        message = summary_message(checkpoint["summary"], checkpoint["refs"])
-        ctx.carry["checkpoint"] = checkpoint
-        messages = conversation.messages
-        return conversation.with_messages([*messages[:first], message, *messages[last + 1 :]])
+        """Compress's span (and, when the checkpoint reaches past the cut, the messages up
+        to its end) replaced by the summary, the protected messages in that range as they
+        are, and notes for what lies between the checkpoint's end and the cut."""
+        source = compacted.source.messages
+        out = conversation.messages
+        start, cut, end = compacted.start, compacted.cut, checkpoint.end
+        tail_at = len(out) - (len(source) - cut)
+        middle: list[Message] = [summary_message(checkpoint.summary, checkpoint.refs)]
+        protected = set(pinned)
+        middle.extend(source[i] for i in range(start, end) if i in protected)
+        run: list[Message] = []
+        for index in range(end, cut):
+            if index in protected:
+                if run:
+                    middle.append(await removal_note(run, ctx))
+                    run = []
+                middle.append(source[index])
+            else:
+                run.append(source[index])
+        if run:
+            middle.append(await removal_note(run, ctx))
+        rest = out[tail_at + max(0, end - cut) :]
+        return conversation.with_messages([*out[:start], *middle, *rest])
 
-    async def _inputs(
-        self, span: tuple[Message, ...] | list[Message], refs: list[str], ctx: StageContext
-    ) -> list[Message]:
-        """The messages the span stands for, as sent before compaction: each note's stored
-        messages in its place, the kept messages as they are; when merging (``refs`` is
-        only the new part), from the first new note on."""
-        assert ctx.store is not None
-        start = next(
-            (
-                i
-                for i, m in enumerate(span)
-                if _is_note(m) and refs and refs[0] in str(m.get("content"))
-            ),
-            0,
+    async def _prepare(
+        self,
+        source: Conversation,
+        applied: Checkpoint | None,
+        lookup: _Lookup,
+        ctx: StageContext,
+    ) -> None:
+        """Schedule the summary of the compactable span when it has outgrown the best
+        known checkpoint enough."""
+        assert ctx.received is not None
+        span = compactable(source, ctx)
+        if span is None:
+            return
+        start, end, _ = span
+        received = ctx.received.messages
+        known = applied
+        if known is None or not known.applies_to(received, start, end):
+            state = ctx.state
+            previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
+            candidates = [
+                k
+                for k in (await lookup.ready(), previous)
+                if k is not None and k.applies_to(received, start, end)
+            ]
+            known = max(candidates, key=lambda k: k.end, default=None)
+        covered = known.end if known is not None else start
+        size = sum(ctx.tokens.message(m) for m in source.messages[covered:end])
+        step = (ctx.policy.trigger - ctx.policy.target) * ctx.budget.input_tokens
+        if size < (step if known is not None else min(step, _WORTH_SUMMARISING)):
+            return
+        job = self._job(source, start, end, known, ctx)
+        taken = lookup.summaries.later(job)
+        ctx.record(prepare=[covered, end] if taken else "busy")
+
+    def _job(
+        self,
+        source: Conversation,
+        start: int,
+        end: int,
+        base: Checkpoint | None,
+        ctx: StageContext,
+    ) -> SummaryJob:
+        assert ctx.received is not None
+        first = base.end if base is not None else start
+        received = ctx.received.messages
+        originals = [_richest(received[i], source.messages[i], ctx) for i in range(first, end)]
+        model, inputs, guard = self._guarded(
+            list(originals), base.summary if base is not None else None, ctx
         )
-        out: list[Message] = []
-        for message in span[start:]:
-            if not _is_note(message):
-                out.append(message)
-                continue
-            ref = REF_PATTERN.search(str(message["content"])).group()  # type: ignore[union-attr]
-            stored = await ctx.store.get(ctx.namespace, ref)
-            if stored is None:
-                raise StoreError(f"{ref} is no longer stored")
-            removed = orjson.loads(stored)
-            out.extend(m for m in removed if isinstance(m, dict))
-        return out
+        return SummaryJob(
+            start=start,
+            end=end,
+            chain=chain_of(ctx.received.messages[start:end]),
+            originals=tuple(originals),
+            inputs=tuple(inputs),
+            base=base,
+            model=model,
+            namespace=ctx.namespace,
+            ttl=ctx.policy.offload_ttl,
+            guard=guard,
+        )
+
+    @staticmethod
+    async def _stored(checkpoint: Checkpoint, ctx: StageContext) -> bool:
+        """Whether the originals a checkpoint names are all still stored."""
+        for ref in checkpoint.refs:
+            if not await ctx.confirmed(ref):
+                return False
+        return True
 
     def _guarded(
         self, inputs: list[Message], previous: dict[str, Any] | None, ctx: StageContext
@@ -166,6 +298,10 @@ class Summarize:
         return model, kept, f"trimmed {len(inputs) - len(kept)} oldest inputs"
 
 
-def _is_note(message: Message) -> bool:
-    content = message.get("content")
-    return message.get("role") == "user" and isinstance(content, str) and content.startswith(_NOTE)
+def _richest(received: Message, sent: Message, ctx: StageContext) -> Message:
+    """The version of a message a summary is made from, and stored as: as received,
+    unless the hygiene stages had good reason to replace it (media parts, an output over
+    ``filter-tokens``); their replacement names the stored original."""
+    if not isinstance(received.get("content"), str):
+        return sent
+    return received if ctx.tokens.message(received) <= ctx.policy.filter_tokens else sent

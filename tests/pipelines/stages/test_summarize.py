@@ -1,5 +1,6 @@
 """summarize: the compacted span replaced by one recalled-context summary, reused while
-the span is the same, merged when it grows, and the notes kept whenever that fails."""
+the cut is the same, prepared in the background from 0.40 and used at the cut without a
+call, merged as the span grows, and the notes kept whenever that fails."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 from bench.compaction import requests_of
 from gateway.store import MemoryStore
-from pipelines import ConversationState, Pipeline, Policy
-from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed
+from pipelines import Pipeline, Policy
+from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of, run_job
+from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed, SummaryOverflow
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
@@ -99,21 +101,6 @@ async def test_the_same_span_reuses_the_checkpoint_without_a_call() -> None:
     assert result.request == first.request
 
 
-async def test_a_grown_span_is_merged_into_the_previous_summary() -> None:
-    history = long_history()
-    first = await run(Scripted("first"), history)
-    checkpoint = first.state.checkpoint
-    older = {
-        "refs": checkpoint["refs"][:1],
-        "summary": {**checkpoint["summary"], "user_goal": "older"},
-    }
-    merging = Scripted("merged")
-    result = await run(merging, history, state=ConversationState(checkpoint=older))
-    assert details(result)["path"] == "merged"
-    assert merging.calls[0]["previous"]["user_goal"] == "older"
-    assert "goal (merged)" in str(result.request["messages"])
-
-
 async def test_failures_leave_the_notes() -> None:
     for failure in (SummaryFailed("no valid answer"), TimeoutError()):
         result = await run(Scripted(failure), long_history())
@@ -165,3 +152,175 @@ async def test_inputs_too_big_for_any_window_keep_the_newest() -> None:
     assert sum(counter.count_message(m) for m in sent) <= 0.8 * 5_000
     removed_newest = summarizer.calls[0]["messages"][-1]
     assert removed_newest in history  # the newest inputs are the ones kept
+
+
+class Service:
+    """A summaries service playing the gateway's: a prepared checkpoint to offer, the
+    jobs scheduled for later, and the summaries asked for now (made by ``summarizer``)."""
+
+    def __init__(self, summarizer: Any, ready: Checkpoint | None = None) -> None:
+        self.summarizer = summarizer
+        self.prepared = ready
+        self.later_jobs: list[SummaryJob] = []
+        self.now_jobs: list[SummaryJob] = []
+        self.done = 0
+
+    async def ready(self) -> Checkpoint | None:
+        return self.prepared
+
+    async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
+        self.now_jobs.append(job)
+        return await run_job(job, self.summarizer, STORE)
+
+    def later(self, job: SummaryJob) -> bool:
+        self.later_jobs.append(job)
+        return True
+
+    async def drain(self) -> None:
+        """Run the jobs scheduled so far, as the background would between two turns."""
+        for job in self.later_jobs[self.done :]:
+            self.prepared = await run_job(job, self.summarizer, STORE)
+        self.done = len(self.later_jobs)
+
+
+BUDGET = 8_000
+"""Large enough that the compactable span, not the system prompt, makes the bulk."""
+
+
+def turns() -> list[list[dict[str, Any]]]:
+    trajectory = max(json.loads(TRACES.read_text()), key=lambda t: len(t["traj"]))
+    return requests_of(trajectory["traj"])
+
+
+async def run_with(
+    service: Service, history: list[dict[str, Any]], state: Any = None, **policy: Any
+) -> Any:
+    pipeline = Pipeline(store=STORE)
+    return await pipeline.compact(
+        {"model": "gpt-4o", "messages": history},
+        policy=Policy(max_input=BUDGET, **policy),
+        state=state,
+        now=1_000.0,
+        summaries=service,
+    )
+
+
+def utilisation(history: list[dict[str, Any]]) -> float:
+    counter = Pipeline().counter("o200k_base")
+    return sum(counter.count_message(m) for m in history) / BUDGET
+
+
+async def test_from_0_40_a_summary_is_prepared_and_the_request_is_not_held() -> None:
+    service = Service(Scripted("prepared"))
+    for history in turns():
+        result = await run_with(service, history)
+        if service.later_jobs:
+            break
+        assert "prepare" not in details(result)
+    assert utilisation(history) >= 0.40
+    assert service.now_jobs == []
+    out = result.request["messages"]
+    assert len(out) == len(history)  # nothing compacted below the trigger
+    assert not any(str(m.get("content", "")).startswith("[Recalled") for m in out)
+    (job,) = service.later_jobs
+    assert job.base is None
+    assert job.start == 3  # after the system prompt and the anchor
+    assert job.chain == chain_of(history[job.start : job.end])
+    assert list(job.originals) == history[job.start : job.end]
+    assert details(result)["prepare"] == [job.start, job.end]
+
+
+async def test_a_prepared_checkpoint_is_used_at_the_cut_without_a_call() -> None:
+    """A replay where the background work finishes between turns: the turn compress
+    first cuts applies the prepared checkpoint, with no summary asked for on the spot."""
+    summarizer = Scripted()
+    service = Service(summarizer)
+    state = None
+    for later in turns():
+        result = await run_with(service, later, state=state)
+        state = result.state.answered(at=999.0)
+        if "path" in details(result):
+            break
+        await service.drain()
+    checkpoint = service.prepared
+    assert checkpoint is not None
+    assert service.now_jobs == []
+    assert details(result)["path"] == "prepared checkpoint used"
+    assert details(result)["covers"] == [checkpoint.start, checkpoint.end]
+    assert len(summarizer.calls) == service.done <= 3
+    out = result.request["messages"]
+    recalled = [m for m in out if str(m.get("content", "")).startswith("[Recalled context")]
+    assert len(recalled) == 1
+    assert all(ref in recalled[0]["content"] for ref in checkpoint.refs)
+    assert out[: checkpoint.start] == later[: checkpoint.start]
+    assert_valid(out)
+    assert_valid_request(result.request)
+    assert result.report.tokens_after <= BUDGET
+    assert result.state.checkpoint["cut"] > 0
+    # The originals the summary stands for are stored, in order.
+    restored: list[Any] = []
+    for ref in checkpoint.refs:
+        restored.extend(json.loads(await STORE.get("", ref) or b"[]"))
+    assert restored == later[checkpoint.start : checkpoint.end]
+    # The next turn applies the same checkpoint again: the prefix does not move.
+    after = turns()[turns().index(later) + 1]
+    following = await run_with(service, after, state=state)
+    assert details(following)["path"] == "checkpoint reused"
+    sent = following.request["messages"]
+    assert sent[: len(out) - 1] == out[:-1]
+
+
+async def test_the_next_preparation_merges_only_what_is_new() -> None:
+    summarizer = Scripted("first", "merged")
+    service = Service(summarizer)
+    for history in turns():
+        await run_with(service, history)
+        await service.drain()
+        if len(service.later_jobs) == 2:
+            break
+    first, second = service.later_jobs
+    assert second.base is not None
+    assert second.base.end == first.end
+    assert list(second.originals) == history[first.end : second.end]
+    assert summarizer.calls[1]["previous"]["user_goal"] == "goal (first)"
+    merged = service.prepared
+    assert merged is not None
+    assert merged.summary["user_goal"] == "goal (merged)"
+    assert merged.refs[: len(second.base.refs)] == second.base.refs
+    assert (merged.start, merged.end) == (first.start, second.end)
+
+
+async def test_a_summary_overflow_drops_tool_outputs_step_by_step() -> None:
+    overflow = SummaryOverflow("window exceeded")
+    summarizer = Scripted(overflow, overflow, overflow, "fits now")
+    result = await run(summarizer, long_history())
+    assert details(result)["path"] == "summarised"
+    assert details(result)["dropped_tool_outputs"] == 0.5
+    sent = [call["messages"] for call in summarizer.calls]
+    omitted = [
+        sum("omitted" in str(m.get("content")) for m in s if m["role"] == "tool") for s in sent
+    ]
+    tools = sum(m["role"] == "tool" for m in sent[0])
+    assert omitted == [0, round(tools * 0.1), round(tools * 0.2), round(tools * 0.5)]
+
+
+async def test_overflowing_even_without_tool_outputs_falls_back_to_notes() -> None:
+    summarizer = Scripted(*[SummaryOverflow("window exceeded")] * 5)
+    result = await run(summarizer, long_history())
+    assert len(summarizer.calls) == 5
+    assert details(result)["path"].startswith("fallback")
+    assert "[Context note:" in str(result.request["messages"])
+
+
+async def test_a_cut_sent_with_notes_keeps_them_while_the_cache_is_warm() -> None:
+    history = long_history()
+    failed = await run(Scripted(SummaryFailed("down")), history)
+    assert details(failed)["path"].startswith("fallback")
+    state = failed.state.answered(at=999.0)
+    summarizer = Scripted("ready now")
+    again = await run(summarizer, history, state=state)
+    assert summarizer.calls == []
+    assert again.request == failed.request
+    assert details(again)["path"].startswith("notes kept")
+    cold = await run(Scripted("ready now"), history, state=failed.state.answered(at=1.0))
+    assert details(cold)["path"] == "summarised"

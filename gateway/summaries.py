@@ -1,0 +1,222 @@
+"""Summaries for the gateway's requests: made in the background, single-flight across
+replicas, kept where every replica finds them.
+
+The summarize stage hands over ``SummaryJob``s (``pipelines.checkpoints``). A job scheduled
+*later* goes into a bounded queue served by a few workers; one asked for *now* runs in the
+request, within its deadline. Either way it runs under the conversation's summary lock in
+the store (``SET NX`` with an expiry: the job's deadline plus a margin, so a replica that
+dies holding it blocks nobody for long), and its checkpoint is kept as the conversation's
+latest, where the next request, on any replica, reads it. A request that needs a summary
+while one is being made waits for that one instead of asking for another: in this process
+by awaiting it, across replicas by watching for the checkpoint the lock holder will write.
+
+At most one job per conversation is queued or running in a process; a full queue drops
+the newest job (a later request schedules it again). Shutting down cancels what is queued
+and running, releasing the locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.store.conversations import ConversationRecords
+from pipelines import OffloadStore, StoreError, Summarizer
+from pipelines.checkpoints import Checkpoint, SummaryJob, run_job
+from pipelines.summary import SummaryFailed
+
+__all__ = ["BoundSummaries", "SummaryService"]
+
+log = logging.getLogger("contextgate.summaries")
+
+_LOCK_MARGIN: Final = 5.0
+"""Seconds a summary lock outlives its job's deadline."""
+_WATCH_EVERY: Final = (0.05, 0.5)
+"""First and longest wait between looks at another replica's checkpoint."""
+
+_Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    key: _Key
+    job: SummaryJob
+    summarizer: Summarizer
+    timeout: float
+
+
+class SummaryService:
+    """The process's summary workers and its view of the shared checkpoints and locks."""
+
+    __slots__ = (
+        "_closed",
+        "_pending",
+        "_queue",
+        "_running",
+        "_workers",
+        "counts",
+        "objects",
+        "queue_size",
+        "records",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        records: ConversationRecords,
+        objects: OffloadStore,
+        *,
+        workers: int = 2,
+        queue_size: int = 64,
+    ) -> None:
+        self.records, self.objects = records, objects
+        self.workers, self.queue_size = workers, queue_size
+        self._queue: asyncio.Queue[_Queued] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._pending: set[_Key] = set()
+        """Conversations with a job queued or running here."""
+        self._running: dict[_Key, asyncio.Future[Checkpoint | None]] = {}
+        self._closed = False
+        self.counts: Counter[str] = Counter()
+        """Jobs by outcome: scheduled, busy, queue_full, made, reused, locked, failed."""
+
+    def bind(
+        self, namespace: str, conversation: str, summarizer: Summarizer, timeout: float
+    ) -> BoundSummaries:
+        """The ``pipelines.checkpoints.Summaries`` of one request."""
+        return BoundSummaries(self, (namespace, conversation), summarizer, timeout)
+
+    def schedule(self, key: _Key, job: SummaryJob, summarizer: Summarizer, timeout: float) -> bool:
+        if self._closed:
+            return False
+        if key in self._pending or key in self._running:
+            self.counts["busy"] += 1
+            return False
+        queue = self._started()
+        try:
+            queue.put_nowait(_Queued(key, job, summarizer, timeout))
+        except asyncio.QueueFull:
+            self.counts["queue_full"] += 1
+            return False
+        self._pending.add(key)
+        self.counts["scheduled"] += 1
+        return True
+
+    async def now(
+        self, key: _Key, job: SummaryJob, summarizer: Summarizer, within: float
+    ) -> Checkpoint:
+        namespace, conversation = key
+        async with asyncio.timeout(within):
+            running = self._running.get(key)
+            if running is not None:
+                return _made(await asyncio.shield(running))
+            before = await self.records.checkpoint(namespace, conversation)
+            made = await self._make(key, job, summarizer, within)
+            if made is not None:
+                return made
+            # Another replica holds the lock: its checkpoint will be written when done.
+            pause, longest = _WATCH_EVERY
+            while True:
+                await asyncio.sleep(pause)
+                pause = min(longest, pause * 2)
+                data = await self.records.checkpoint(namespace, conversation)
+                if data and data != before:
+                    return _made(Checkpoint.from_json(data))
+
+    async def _make(
+        self, key: _Key, job: SummaryJob, summarizer: Summarizer, seconds: float
+    ) -> Checkpoint | None:
+        """Run ``job`` under the conversation's lock and keep its checkpoint; ``None``
+        when another holds the lock. One that already covers the job is returned as it is."""
+        namespace, conversation = key
+        token = await self.records.lock(namespace, conversation, seconds + _LOCK_MARGIN)
+        if token is None:
+            self.counts["locked"] += 1
+            return None
+        future: asyncio.Future[Checkpoint | None] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        made: Checkpoint | None = None
+        try:
+            existing = Checkpoint.from_json(await self.records.checkpoint(namespace, conversation))
+            if (
+                existing is not None
+                and existing.start == job.start
+                and (existing.end > job.end or existing.chain == job.chain)
+            ):
+                self.counts["reused"] += 1
+                made = existing
+            else:
+                async with asyncio.timeout(seconds):
+                    made = await run_job(job, summarizer, self.objects)
+                await self.records.keep_checkpoint(namespace, conversation, made.to_json())
+                self.counts["made"] += 1
+            return made
+        except (SummaryFailed, StoreError, TimeoutError):
+            self.counts["failed"] += 1
+            raise
+        finally:
+            future.set_result(made)
+            del self._running[key]
+            await self.records.unlock(namespace, conversation, token)
+
+    def _started(self) -> asyncio.Queue[_Queued]:
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.queue_size)
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._work()) for _ in range(self.workers)]
+        return self._queue
+
+    async def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = await self._queue.get()
+            try:
+                await self._make(item.key, item.job, item.summarizer, item.timeout)
+            except (SummaryFailed, StoreError, TimeoutError) as exc:
+                log.info("background summary failed: %s", exc or "deadline")
+            except Exception:
+                log.warning("background summary failed", exc_info=True)
+            finally:
+                self._pending.discard(item.key)
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def aclose(self) -> None:
+        """Stop: queued jobs are dropped, running ones cancelled (their locks released)."""
+        self._closed = True
+        for worker in self._workers:
+            worker.cancel()
+        if self._workers:
+            await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+
+def _made(checkpoint: Checkpoint | None) -> Checkpoint:
+    if checkpoint is None:
+        raise SummaryFailed("the summary being made for this conversation failed")
+    return checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSummaries:
+    """The summaries of one request's conversation (``pipelines.checkpoints.Summaries``)."""
+
+    service: SummaryService
+    key: _Key
+    summarizer: Summarizer
+    timeout: float
+
+    async def ready(self) -> Checkpoint | None:
+        namespace, conversation = self.key
+        return Checkpoint.from_json(await self.service.records.checkpoint(namespace, conversation))
+
+    async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
+        return await self.service.now(self.key, job, self.summarizer, within)
+
+    def later(self, job: SummaryJob) -> bool:
+        return self.service.schedule(self.key, job, self.summarizer, self.timeout)
