@@ -71,4 +71,38 @@ def report_headers(request_id: str, report: Report | None, overhead_ms: float) -
         tokens = f"before={report.tokens_before}, after={report.tokens_after}"
         headers["x-contextgate-tokens"] = tokens if report.exact else f"{tokens}, estimated"
         headers["x-contextgate-actions"] = ", ".join(report.actions)
+        summary = summary_header(report)
+        if summary:
+            headers["x-contextgate-summary"] = summary
     return headers
+
+
+_SUMMARY_PATHS: Final = {
+    "summarised": "made",
+    "checkpoint reused": "reused",
+    "prepared checkpoint used": "prepared",
+    "checkpoint extended": "extended",
+}
+
+
+def summary_header(report: Report) -> str:
+    """What the summarize stage did, for ``x-contextgate-summary``: the path (``made``
+    now, ``prepared`` in the background, ``reused``, ``extended``, ``notes-kept``,
+    ``fallback``) and whether a background summary was scheduled (``prepare=scheduled``
+    or ``busy``)."""
+    stage = report.stage("summarize")
+    if stage is None:
+        return ""
+    parts = []
+    path = stage.details.get("path")
+    if isinstance(path, str):
+        if path.startswith("fallback"):
+            parts.append("fallback")
+        elif path.startswith("notes kept"):
+            parts.append("notes-kept")
+        else:
+            parts.append(_SUMMARY_PATHS.get(path, "made"))
+    prepare = stage.details.get("prepare")
+    if prepare is not None:
+        parts.append("prepare=busy" if prepare == "busy" else "prepare=scheduled")
+    return ", ".join(parts)

@@ -183,8 +183,9 @@ class SummaryService:
                 self._pending.discard(item.key)
 
     @property
-    def queued(self) -> int:
-        return self._queue.qsize() if self._queue is not None else 0
+    def busy(self) -> bool:
+        """Whether a summary is queued or being made in this process."""
+        return bool(self._pending or self._running)
 
     async def aclose(self) -> None:
         """Stop: queued jobs are dropped, running ones cancelled (their locks released)."""

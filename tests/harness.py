@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -150,3 +151,64 @@ def redis_server() -> Iterator[RedisServer]:
 
 def redis_from_env() -> str | None:
     return os.environ.get("REDIS_URL") or None
+
+
+class ServeProcess:
+    """``contextgate serve`` as its own process (a replica), with a YAML configuration,
+    on a free loopback port; stopped with SIGTERM."""
+
+    def __init__(self, config: str, workdir: str) -> None:
+        self.port = free_port()
+        path = os.path.join(workdir, f"contextgate-{self.port}.yaml")
+        with open(path, "w") as file:
+            file.write(config)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEXTGATE_", "REDIS"))}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--config",
+                path,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> ServeProcess:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                errors = self.process.stderr.read().decode() if self.process.stderr else ""
+                self.stop()
+                raise RuntimeError(f"the gateway process did not start: {errors[-2000:]}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        if self.process.stderr is not None:
+            self.process.stderr.close()

@@ -211,16 +211,14 @@ class Summarize:
             return
         start, end, _ = span
         received = ctx.received.messages
-        known = applied
-        if known is None or not known.applies_to(received, start, end):
-            state = ctx.state
-            previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
-            candidates = [
-                k
-                for k in (await lookup.ready(), previous)
-                if k is not None and k.applies_to(received, start, end)
-            ]
-            known = max(candidates, key=lambda k: k.end, default=None)
+        state = ctx.state
+        previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
+        candidates = [
+            k
+            for k in (applied, await lookup.ready(), previous)
+            if k is not None and k.applies_to(received, start, end)
+        ]
+        known = max(candidates, key=lambda k: k.end, default=None)
         covered = known.end if known is not None else start
         size = sum(ctx.tokens.message(m) for m in source.messages[covered:end])
         step = (ctx.policy.trigger - ctx.policy.target) * ctx.budget.input_tokens

@@ -1,76 +1,382 @@
-"""Summaries through the gateway (``summaries: true``): the request that compacts asks the
-mock upstream, playing the summary model, for the checkpoint and sends the summary in
-place of the compacted span; the next request of the conversation reuses it, no call."""
+"""Summaries through the gateway (``summaries: true``), with the mock upstream playing
+both the chat model and the summary model, and a real Redis: prepared in the background
+without holding the request, used at the cut without a call, bounded in number over a
+long session, shared by replicas (two ``contextgate serve`` processes), single-flight,
+within their deadline, cancelled on shutdown, and written in the conversation's language."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import redis
 
 from bench.compaction import requests_of
 from gateway.settings import Settings, UpstreamSettings
-from pipelines.summary import FIELDS, LIST_FIELDS
-from tests.harness import GatewayServer
-from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
+from pipelines.summary import FIELDS, LIST_FIELDS, key_entities
+from tests.harness import GatewayServer, ServeProcess
+from tests.mock_upstream import JSONReply, MockUpstream, Received, chat_completion
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
-SUMMARY = {n: ([] if n in LIST_FIELDS else "") for n in FIELDS} | {
-    "user_goal": "El usuario quiere cambiar su reserva.",
-    "completed_actions": ["Reserva consultada."],
-}
+POLICY = "max-input=8000"
+
+
+class SummaryModel:
+    """The mock upstream's handler. Requests with ``response_format`` are the gateway's
+    summary calls: each is counted and answered, after ``delay``, with a valid summary
+    that keeps every key entity of its input (so one attempt suffices), or with
+    ``overflow`` (a context-length error) while ``overflows(body)`` says so. Other
+    requests are the chat traffic, answered "ok"."""
+
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        goal: str = "Change the reservation.",
+        overflows: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.delay, self.goal, self.overflows = delay, goal, overflows
+        self.calls: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, received: Received) -> JSONReply:
+        body = received.json()
+        if "response_format" not in body:
+            return JSONReply(chat_completion("ok"))
+        with self._lock:
+            self.calls.append(body)
+        if self.overflows is not None and self.overflows(body):
+            error = {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            }
+            return JSONReply(error, status=400)
+        text = "\n".join(str(m.get("content")) for m in body["messages"])
+        summary = {n: ([] if n in LIST_FIELDS else "") for n in FIELDS} | {
+            "user_goal": self.goal,
+            "key_findings": sorted(key_entities([text])),
+        }
+        return JSONReply(chat_completion(orjson.dumps(summary).decode()), delay=self.delay)
+
+
+def trajectories() -> list[dict[str, Any]]:
+    return sorted(json.loads(TRACES.read_text()), key=lambda t: -len(t["traj"]))
+
+
+def turns() -> list[list[dict[str, Any]]]:
+    """The histories the longest trajectory's client sends, turn by turn."""
+    return requests_of(trajectories()[0]["traj"])
+
+
+def long_session(count: int = 60) -> list[list[dict[str, Any]]]:
+    """``count`` turns of one session: the longest trajectories, one after the other
+    under the first one's system prompt (the same agent serving on)."""
+    messages: list[dict[str, Any]] = []
+    for trajectory in trajectories():
+        traj = trajectory["traj"]
+        messages.extend(traj if not messages else traj[1:])
+        if len(requests_of(messages)) >= count:
+            break
+    return requests_of(messages)[:count]
+
+
+def post(
+    base_url: str, history: list[dict[str, Any]], conversation: str, policy: str = POLICY
+) -> httpx.Response:
+    response = httpx.post(
+        f"{base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": history},
+        headers={
+            "authorization": "Bearer sk-test",
+            "x-contextgate-policy": policy,
+            "x-contextgate-conversation": conversation,
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def chat_requests(upstream: MockUpstream) -> list[dict[str, Any]]:
+    return [r.json() for r in upstream.received if "response_format" not in r.json()]
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def recalled(request: dict[str, Any]) -> list[str]:
+    return [
+        str(m["content"])
+        for m in request["messages"]
+        if str(m.get("content", "")).startswith("[Recalled context")
+    ]
 
 
 @pytest.fixture
-def gateway(upstream: MockUpstream) -> Iterator[GatewayServer]:
-    settings = Settings(upstream=UpstreamSettings(base_url=upstream.base_url), summaries=True)
+def settings(upstream: MockUpstream, redis_url: str) -> Settings:
+    return Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        redis_url=redis_url,
+        summaries=True,
+    )
+
+
+@pytest.fixture
+def gateway(settings: Settings) -> Iterator[GatewayServer]:
     with GatewayServer(settings) as server:
         yield server
 
 
-def test_the_compacting_request_carries_a_summary_and_the_next_reuses_it(
+def made(server: GatewayServer) -> int:
+    return int(server.app.state.gateway.summaries.counts["made"])
+
+
+def test_a_background_summary_does_not_hold_the_request_and_is_used_at_the_cut(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
-    summary_calls: list[dict[str, Any]] = []
+    model = SummaryModel(delay=2.0)
+    upstream.handler = model
+    scheduled = False
+    for history in turns():
+        started = time.monotonic()
+        response = post(gateway.base_url, history, "background-1")
+        elapsed = time.monotonic() - started
+        summary = response.headers.get("x-contextgate-summary", "")
+        if "prepare=scheduled" in summary and not scheduled:
+            scheduled = True
+            # The summary model takes 2 s; the request that scheduled it did not wait.
+            assert elapsed < 1.5
+            wait_until(lambda: made(gateway) == 1)
+        if summary.split(",")[0] in ("prepared", "made", "fallback", "extended"):
+            break
+    assert scheduled
+    assert summary.startswith("prepared")
+    sent = chat_requests(upstream)[-1]
+    (text,) = recalled(sent)
+    assert model.goal in text
+    assert len(model.calls) >= 1
 
-    def script(received: Any) -> JSONReply:
-        body = received.json()
-        if "response_format" in body:
-            summary_calls.append(body)
-            return JSONReply(chat_completion(orjson.dumps(SUMMARY).decode()))
-        return JSONReply(chat_completion("ok"))
 
-    upstream.handler = script
-    trajectory = max(json.loads(TRACES.read_text()), key=lambda t: len(t["traj"]))
-    history = requests_of(trajectory["traj"])[-1]
-    headers = {
-        "authorization": "Bearer sk-test",
-        "x-contextgate-policy": "max-input=6000",
-        "x-contextgate-conversation": "summary-1",
-    }
-    counts = []
-    for _ in range(2):
-        response = httpx.post(
-            f"{gateway.base_url}/chat/completions",
-            json={"model": "gpt-4o", "messages": history},
-            headers=headers,
-            timeout=30,
-        )
-        assert response.status_code == 200
-        counts.append(len(summary_calls))
-    # The first request asked (retrying while the scripted summary kept too few of the
-    # key entities, then keeping the best); the second reused the checkpoint.
-    assert 1 <= counts[0] <= 3
-    assert counts[1] == counts[0]
-    assert summary_calls[0]["response_format"]["type"] == "json_schema"
-    sent = [r.json() for r in upstream.received if "response_format" not in r.json()]
-    assert len(sent) == 2
-    assert sent[0]["messages"] == sent[1]["messages"]
-    recalled = [m for m in sent[0]["messages"] if str(m.get("content", "")).startswith("[Recalled")]
-    assert len(recalled) == 1
-    assert "El usuario quiere cambiar su reserva." in recalled[0]["content"]
+def test_a_60_turn_session_makes_a_bounded_number_of_summary_calls(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    model = SummaryModel()
+    upstream.handler = model
+    session = long_session(60)
+    assert len(session) == 60
+    paths: list[str] = []
+    for history in session:
+        response = post(gateway.base_url, history, "session-60")
+        paths.append(response.headers.get("x-contextgate-summary", ""))
+        # Let background work finish between turns, as a user's think time would.
+        wait_until(lambda: not gateway.app.state.gateway.summaries.busy)
+    kinds = [p.split(",")[0] for p in paths]
+    used = [k in ("prepared", "reused", "extended") for k in kinds]
+    assert sum(used) >= 20  # summaries stood in for the old turns on many requests
+    assert "made" not in kinds  # no request waited for one
+    assert 1 <= len(model.calls) <= 8  # not one per turn
+    sent = chat_requests(upstream)
+    assert len(sent) == 60
+    for request, summarised in zip(sent, used, strict=True):
+        assert len(recalled(request)) == (1 if summarised else 0)
+
+
+def test_a_summary_past_its_deadline_leaves_the_notes(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    model = SummaryModel(delay=5.0)
+    upstream.handler = model
+    history = turns()[-1]
+    started = time.monotonic()
+    response = post(gateway.base_url, history, "deadline-1", f"{POLICY}, summary-timeout=0.5")
+    assert time.monotonic() - started < 4.0
+    assert response.headers["x-contextgate-summary"].startswith("fallback")
+    sent = chat_requests(upstream)[-1]
+    assert recalled(sent) == []
+    assert any(str(m.get("content", "")).startswith("[Context note:") for m in sent["messages"])
+
+
+def test_a_summary_model_overflow_drops_tool_outputs_until_it_fits(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    def overflows(body: dict[str, Any]) -> bool:
+        """Too long while any tool output is left in the transcript."""
+        transcript = body["messages"][-1]["content"]
+        return re.search(r"^\[tool\] (?!\[Tool output omitted)", transcript, re.M) is not None
+
+    model = SummaryModel(overflows=overflows)
+    upstream.handler = model
+    response = post(gateway.base_url, turns()[-1], "overflow-1")
+    assert response.headers["x-contextgate-summary"].startswith("made")
+    # Asked with 0, 10, 20, 50 and 100% of the tool outputs dropped; the last one fits.
+    assert len(model.calls) == 5
+    (text,) = recalled(chat_requests(upstream)[-1])
+    assert model.goal in text
+
+
+def test_a_non_english_conversation_is_summarised_in_its_language(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A Spanish support conversation with ids and amounts: the summary model is told to
+    write in the user's language and gets the Spanish turns; the Spanish summary it
+    writes, keeping every id, is accepted at once and stands in for the old turns."""
+    model = SummaryModel(goal="El usuario quiere cambiar la reserva ABC123 al vuelo IB6251.")
+    upstream.handler = model
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "Eres un agente de atención al cliente de una aerolínea."},
+        {"role": "user", "content": "Hola, quiero cambiar mi reserva ABC123."},
+        {"role": "assistant", "content": "Claro. ¿A qué vuelo desea cambiarla?"},
+    ]
+    for turn in range(40):
+        call = f"call_{turn:03d}"
+        history += [
+            {
+                "role": "user",
+                "content": f"¿Hay asientos en el vuelo IB{6200 + turn} del día {turn % 28 + 1}?",
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call,
+                        "type": "function",
+                        "function": {
+                            "name": "buscar_vuelo",
+                            "arguments": json.dumps({"vuelo": f"IB{6200 + turn}"}),
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": call,
+                "content": json.dumps(
+                    {
+                        "vuelo": f"IB{6200 + turn}",
+                        "asientos_libres": turn % 7,
+                        "precio_eur": 120 + turn,
+                        "observaciones": "Salida desde Madrid-Barajas, terminal 4. " * 12,
+                    },
+                    ensure_ascii=False,
+                ),
+            },
+            {
+                "role": "assistant",
+                "content": f"El vuelo IB{6200 + turn} tiene {turn % 7} asientos libres.",
+            },
+        ]
+    history.append({"role": "user", "content": "Perfecto, cámbiela al IB6251, por favor."})
+    response = post(gateway.base_url, history, "espanol-1")
+    assert response.headers["x-contextgate-summary"].startswith("made")
+    (call,) = model.calls  # every key entity kept: accepted at the first attempt
+    instructions = call["messages"][0]["content"]
+    assert "language the user writes in" in instructions
+    assert "¿Hay asientos en el vuelo IB6200" in call["messages"][-1]["content"]
+    (text,) = recalled(chat_requests(upstream)[-1])
+    assert "El usuario quiere cambiar la reserva ABC123 al vuelo IB6251." in text
+    assert "IB6200" in text
+
+
+def test_shutdown_cancels_background_summaries_and_releases_their_locks(
+    settings: Settings, upstream: MockUpstream, redis_url: str
+) -> None:
+    model = SummaryModel(delay=30.0)
+    upstream.handler = model
+    server = GatewayServer(settings)
+    with server:
+        for history in turns():
+            response = post(server.base_url, history, "shutdown-1")
+            if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
+                break
+        wait_until(lambda: len(model.calls) == 1)
+        client = redis.Redis.from_url(redis_url)
+        locks = [k for k in client.scan_iter("cg:{c:*:client:shutdown-1}:lock")]
+        assert len(locks) == 1
+        started = time.monotonic()
+    assert time.monotonic() - started < 8.0
+    assert client.exists(*locks) == 0
+
+
+def replica_config(upstream: MockUpstream, redis_url: str) -> str:
+    return f"upstream:\n  base_url: {upstream.base_url}\nredis_url: {redis_url}\nsummaries: true\n"
+
+
+def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_requests(
+    upstream: MockUpstream, redis_url: str
+) -> None:
+    model = SummaryModel(delay=1.0)
+    upstream.handler = model
+    config = replica_config(upstream, redis_url)
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        ServeProcess(config, workdir) as first,
+        ServeProcess(config, workdir) as second,
+    ):
+        # Prepared on the first replica, used by the second at the cut with no new call.
+        history = turns()
+        index = 0
+        for request in history:
+            index += 1
+            response = post(first.base_url, request, "replicas-1")
+            if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
+                break
+        wait_until(lambda: len(model.calls) == 1)
+        time.sleep(1.5)  # the summary model answers after 1 s; then it is stored
+        calls = len(model.calls)
+        for request in history[index:]:
+            response = post(second.base_url, request, "replicas-1")
+            path = response.headers.get("x-contextgate-summary", "").split(",")[0]
+            if path:
+                break
+        assert path == "prepared"
+        assert len(model.calls) >= calls  # later preparations may have been scheduled
+        (text,) = recalled(chat_requests(upstream)[-1])
+        assert model.goal in text
+
+        # Two requests of a new conversation, already past the cut, at once on both.
+        upstream.reset()
+        upstream.handler = model = SummaryModel(delay=1.0)
+        last = history[-1]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(
+                    lambda base: post(base, last, "replicas-2"),
+                    [first.base_url, second.base_url],
+                )
+            )
+        paths = sorted(a.headers["x-contextgate-summary"].split(",")[0] for a in answers)
+        assert len(model.calls) == 1
+        assert paths == ["made", "prepared"] or paths == ["made", "made"]
+        sent = chat_requests(upstream)
+        assert len(sent) == 2
+        assert recalled(sent[0]) == recalled(sent[1])
+        assert len(recalled(sent[0])) == 1
+
+
+def test_summaries_stay_out_of_truncate_mode(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    model = SummaryModel()
+    upstream.handler = model
+    response = post(gateway.base_url, turns()[-1], "truncate-1", f"{POLICY}, mode=truncate")
+    assert "x-contextgate-summary" not in response.headers
+    assert model.calls == []
+    assert re.search(r"\[Context note:", str(chat_requests(upstream)[-1]))
