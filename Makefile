@@ -41,6 +41,7 @@ bench: install-dev
 	$(BIN)/python -m bench.overhead
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.store
+	$(BIN)/python -m bench.summaries
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -164,7 +164,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``pipelines.ModelInfo``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
-    summaries: bool = False
+    summaries: bool = True
     """Ask the summary model to replace compacted spans by a structured summary (policy
     ``mode=summarize``): prepared in the background from ``prepare`` utilisation, made
     synchronously (within ``summary-timeout``) only when none is ready at a cut."""

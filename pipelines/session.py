@@ -74,6 +74,8 @@ class ConversationState:
     as a dict), applied again while compress's cut stays."""
     compacted_cut: int = 0
     """Compress's cut on the previous request (0: it did not cut)."""
+    thin_compactions: int = 0
+    """Compaction events in a row that each saved under 10% of the request."""
     cold_sent: bool = False
     """The previous request went out on a cold cache, so the provider's cache-hit
     feedback on it says nothing about the cache now."""

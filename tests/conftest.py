@@ -48,6 +48,11 @@ def upstream(mock_upstream: MockUpstream) -> Iterator[MockUpstream]:
 
 
 def settings_for(upstream: MockUpstream, **overrides: object) -> Settings:
+    """Settings for a gateway in front of ``upstream``. Summaries (on in the product) are
+    off unless a test asks for them: their background calls go to the same mock and would
+    take replies a test scripted for its own requests. ``tests/gateway/test_summaries.py``
+    runs them with the mock playing the summary model."""
+    overrides.setdefault("summaries", False)
     upstream_fields = {
         k: v for k, v in overrides.items() if k in UpstreamSettings.__struct_fields__
     }

@@ -60,6 +60,12 @@ MIN_SAVING_FLOOR: Final = 500
 less is asked as room shrinks), unless the request is over the budget."""
 
 
+THIN_EVENTS: Final = 2
+THIN_SAVING: Final = 0.10
+"""Anti-thrashing: after this many compaction events in a row each saving under this
+share of the request (compared with keeping the previous cut), the previous cut is kept
+until ``emergency``."""
+
 _MEMOS_KEPT: Final = 1_024
 
 
@@ -124,6 +130,7 @@ class Compress:
             cut = ctx.details.get("cut")
             if isinstance(cut, int):
                 ctx.compacted = Compacted(conversation, int(ctx.details["span_start"]), cut)
+            ctx.carry["compacted_cut"] = cut if isinstance(cut, int) else 0
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
         except _NoStore:
@@ -362,6 +369,21 @@ class Compress:
             # Not worth breaking the cached prefix for; the next turns will save more.
             ctx.record(skipped_saving=saving, minimum_saving=minimum)
             return conversation
+        previous = ctx.cut("compacted_cut")
+        ends = [g.end for g in span_groups]
+        if best_cut != previous and previous in ends:
+            # A compaction event: moving the cut from where the previous request had it.
+            # When such moves keep saving little, the previous cut is kept instead
+            # (anti-thrashing), while the request stays under ``emergency``.
+            groups = span_groups[: ends.index(previous) + 1]
+            kept = await self._compact_span(conversation, groups, protection.indices, ctx, made)
+            kept_tokens = ctx.tokens(kept)
+            thin = kept_tokens - best_tokens < THIN_SAVING * start_tokens
+            thin_before = ctx.cut("thin_compactions")
+            if thin and thin_before >= THIN_EVENTS and kept_tokens <= ctx.policy.emergency * budget:
+                ctx.record(cut=previous, span_start=groups[0].start, grid=False, anti_thrash=True)
+                return kept
+            ctx.carry["thin_compactions"] = thin_before + 1 if thin else 0
         ctx.record(cut=best_cut, span_start=span_groups[0].start, grid=best_grid)
         return best
 

@@ -94,7 +94,6 @@ class Summarize:
         lookup = _Lookup(ctx.summaries)
         result, applied = conversation, None
         if compacted is not None:
-            ctx.carry["compacted_cut"] = compacted.cut
             result, applied = await self._apply(conversation, compacted, lookup, ctx)
         if preparing:
             await self._prepare(source, applied, lookup, ctx)
@@ -121,7 +120,6 @@ class Summarize:
             checkpoint, path = previous, "checkpoint reused"
         elif (
             not ctx.cold
-            and ctx.cut("compacted_cut") == cut
             and state is not None
             and state.compacted_cut == cut
             and ctx.tokens(conversation) <= ctx.policy.emergency * ctx.budget.input_tokens

@@ -10,7 +10,8 @@ from gateway.settings import ConfigError, load_settings
 
 
 def test_no_file_gives_working_defaults() -> None:
-    """With no file and no variables: OpenAI upstream, no Redis, 32 MiB bodies, no pool cap."""
+    """With no file and no variables: OpenAI upstream, no Redis, 32 MiB bodies, no pool cap,
+    summaries on."""
     settings = load_settings(environ={})
     assert settings.upstream.base_url == "https://api.openai.com/v1"
     assert settings.anthropic.base_url == "https://api.anthropic.com"
@@ -18,6 +19,8 @@ def test_no_file_gives_working_defaults() -> None:
     assert settings.max_body_bytes == 32 * 1024 * 1024
     assert settings.upstream.max_connections is None
     assert settings.upstream.api_key is None
+    assert settings.summaries is True
+    assert (settings.summary_workers, settings.summary_queue) == (2, 64)
 
 
 def test_environment_overrides() -> None:
@@ -75,6 +78,7 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
         ("upstream:\n  api_key: ${MISSING_SECRET}\n", "MISSING_SECRET"),
         ("- just\n- a list\n", "mapping"),
         ("upstream: [unclosed\n", "not valid YAML"),
+        ("summary_workers: 0\n", "summary_workers must be 1-64"),
     ],
 )
 def test_bad_configuration_names_the_problem(tmp_path: Path, text: str, fragment: str) -> None:

@@ -36,6 +36,7 @@ def settings(upstream: MockUpstream, url: str) -> Settings:
         upstream=UpstreamSettings(base_url=upstream.base_url),
         redis_url=url,
         store=StoreSettings(timeout=TIMEOUT, breaker_cooldown=COOLDOWN),
+        summaries=False,  # no background calls taking the mock's scripted replies
     )
 
 
