@@ -59,8 +59,9 @@ class ChatRequest:
     caller: Caller
 
 
-async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
-    """The request's body compacted under its policy."""
+async def compact_request(request: Request[Any, Any, Any], *, dry_run: bool = False) -> ChatRequest:
+    """The request's body compacted under its policy; a ``dry_run`` asks no model for a
+    summary (a checkpoint already prepared is used)."""
     gateway: Gateway = request.app.state.gateway
     raw = await read_body(
         request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
@@ -74,12 +75,16 @@ async def compact_request(request: Request[Any, Any, Any]) -> ChatRequest:
     summaries = None
     if gateway.settings.summaries and policy.mode == "summarize":
         headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
-        summarizer = UpstreamSummarizer(
-            gateway.upstream,
-            headers,
-            timeout=policy.summary_timeout,
-            breaker=gateway.summary_breaker,
-            plain=gateway.structured_refused,
+        summarizer = (
+            None
+            if dry_run
+            else UpstreamSummarizer(
+                gateway.upstream,
+                headers,
+                timeout=policy.summary_timeout,
+                breaker=gateway.summary_breaker,
+                plain=gateway.structured_refused,
+            )
         )
         summaries = gateway.summaries.bind(
             namespace, conversation, summarizer, policy.summary_timeout

@@ -84,9 +84,10 @@ class SummaryService:
         """Jobs by outcome: scheduled, busy, queue_full, made, reused, locked, failed."""
 
     def bind(
-        self, namespace: str, conversation: str, summarizer: Summarizer, timeout: float
+        self, namespace: str, conversation: str, summarizer: Summarizer | None, timeout: float
     ) -> BoundSummaries:
-        """The ``pipelines.checkpoints.Summaries`` of one request."""
+        """The ``pipelines.checkpoints.Summaries`` of one request (``summarizer`` ``None``:
+        a dry run, which reads checkpoints and makes none)."""
         return BoundSummaries(self, (namespace, conversation), summarizer, timeout)
 
     def schedule(self, key: _Key, job: SummaryJob, summarizer: Summarizer, timeout: float) -> bool:
@@ -209,7 +210,8 @@ class BoundSummaries:
 
     service: SummaryService
     key: _Key
-    summarizer: Summarizer
+    summarizer: Summarizer | None
+    """``None`` for a dry run: checkpoints are read, none is made."""
     timeout: float
 
     async def ready(self) -> Checkpoint | None:
@@ -217,7 +219,11 @@ class BoundSummaries:
         return Checkpoint.from_json(await self.service.records.checkpoint(namespace, conversation))
 
     async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
+        if self.summarizer is None:
+            raise SummaryFailed("a dry run makes no summary")
         return await self.service.now(self.key, job, self.summarizer, within)
 
     def later(self, job: SummaryJob) -> bool:
+        if self.summarizer is None:
+            return False
         return self.service.schedule(self.key, job, self.summarizer, self.timeout)

@@ -19,7 +19,7 @@ __all__ = ["compact_dry_run"]
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>}``."""
     request_id = request.state.request_id = new_request_id()
-    result = (await compact_request(request)).result
+    result = (await compact_request(request, dry_run=True)).result
     body = orjson.dumps({"request": result.request, "report": result.report.as_dict()})
     headers = report_headers(request_id, result.report, result.report.ms)
     return ASGIResponse(body=body, media_type="application/json", headers=headers)

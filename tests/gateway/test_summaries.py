@@ -23,9 +23,11 @@ import redis
 
 from bench.compaction import requests_of
 from gateway.settings import Settings, UpstreamSettings
+from pipelines import ModelInfo
 from pipelines.summary import FIELDS, LIST_FIELDS, key_entities
 from tests.harness import GatewayServer, ServeProcess
 from tests.mock_upstream import JSONReply, MockUpstream, Received, chat_completion
+from tests.openai_schema import assert_valid_request
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 POLICY = "max-input=8000"
@@ -380,3 +382,80 @@ def test_summaries_stay_out_of_truncate_mode(
     assert "x-contextgate-summary" not in response.headers
     assert model.calls == []
     assert re.search(r"\[Context note:", str(chat_requests(upstream)[-1]))
+
+
+def test_a_dry_run_asks_no_model_for_a_summary(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    model = SummaryModel()
+    upstream.handler = model
+    response = httpx.post(
+        f"{gateway.base_url}/context/compact",
+        json={"model": "gpt-4o", "messages": turns()[-1]},
+        headers={"authorization": "Bearer sk-test", "x-contextgate-policy": POLICY},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    stages = {s["name"]: s for s in response.json()["report"]["stages"]}
+    assert stages["summarize"]["details"]["path"] == "fallback: a dry run makes no summary"
+    time.sleep(0.3)  # a background call, if one were scheduled, would have gone out
+    assert upstream.received == []
+
+
+def summary_reply(kind: str) -> Callable[[Received], JSONReply]:
+    """A summary model that answers every summary call the same way (``kind``)."""
+    fields = {n: ([] if n in LIST_FIELDS else "") for n in FIELDS}
+    replies = {
+        "invalid JSON": JSONReply(chat_completion("{not json")),
+        "missing fields": JSONReply(chat_completion(orjson.dumps({"user_goal": "x"}).decode())),
+        "an error": JSONReply({"error": {"message": "overloaded", "type": "server_error"}}, 503),
+        "too slow": JSONReply(chat_completion(orjson.dumps(fields).decode()), delay=5.0),
+    }
+
+    def answer(received: Received) -> JSONReply:
+        if "response_format" not in received.json():
+            return JSONReply(chat_completion("ok"))
+        return replies[kind]
+
+    return answer
+
+
+@pytest.mark.parametrize("kind", ["invalid JSON", "missing fields", "an error", "too slow"])
+def test_every_failing_summary_gives_a_valid_request_with_the_notes(
+    gateway: GatewayServer, upstream: MockUpstream, kind: str
+) -> None:
+    upstream.handler = summary_reply(kind)
+    started = time.monotonic()
+    response = post(
+        gateway.base_url,
+        turns()[-1],
+        "failing-" + kind.replace(" ", "-"),
+        f"{POLICY}, summary-timeout=1",
+    )
+    assert time.monotonic() - started < 4.0
+    assert response.headers["x-contextgate-summary"].startswith("fallback")
+    sent = chat_requests(upstream)
+    assert len(sent) == 1
+    assert_valid_request(sent[0])
+    assert recalled(sent[0]) == []
+    assert any(str(m.get("content", "")).startswith("[Context note:") for m in sent[0]["messages"])
+
+
+def test_a_summary_model_too_small_for_the_span_gives_way_to_the_main_model(
+    upstream: MockUpstream, redis_url: str
+) -> None:
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        redis_url=redis_url,
+        models=(ModelInfo("tiny-summarizer", 1_500, 200),),
+    )
+    model = SummaryModel()
+    upstream.handler = model
+    with GatewayServer(settings) as server:
+        policy = f"{POLICY}, summary-model=tiny-summarizer"
+        response = post(server.base_url, turns()[-1], "tiny-1", policy)
+    assert response.headers["x-contextgate-summary"].startswith("made")
+    assert [call["model"] for call in model.calls] == ["gpt-4o"]
+    (sent,) = chat_requests(upstream)
+    assert_valid_request(sent)
+    assert len(recalled(sent)) == 1
