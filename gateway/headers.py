@@ -88,8 +88,9 @@ _SUMMARY_PATHS: Final = {
 def summary_header(report: Report) -> str:
     """What the summarize stage did, for ``x-contextgate-summary``: the path (``made``
     now, ``prepared`` in the background, ``reused``, ``extended``, ``notes-kept``,
-    ``fallback``) and whether a background summary was scheduled (``prepare=scheduled``
-    or ``busy``)."""
+    ``fallback``) and whether a background summary was asked for (``prepare=scheduled``,
+    or ``prepare=skipped``: one is already queued or running for the conversation, the
+    queue is full, or the request is a dry run)."""
     stage = report.stage("summarize")
     if stage is None:
         return ""
@@ -104,5 +105,5 @@ def summary_header(report: Report) -> str:
             parts.append(_SUMMARY_PATHS.get(path, "made"))
     prepare = stage.details.get("prepare")
     if prepare is not None:
-        parts.append("prepare=busy" if prepare == "busy" else "prepare=scheduled")
+        parts.append("prepare=scheduled" if isinstance(prepare, list) else "prepare=skipped")
     return ", ".join(parts)

@@ -111,27 +111,35 @@ class SummaryService:
     ) -> Checkpoint:
         namespace, conversation = key
         async with asyncio.timeout(within):
-            running = self._running.get(key)
-            if running is not None:
-                return _made(await asyncio.shield(running))
             before = await self.records.checkpoint(namespace, conversation)
-            made = await self._make(key, job, summarizer, within)
-            if made is not None:
-                return made
-            # Another replica holds the lock: its checkpoint will be written when done.
             pause, longest = _WATCH_EVERY
             while True:
+                running = self._running.get(key)
+                if running is not None:
+                    # The one being made here; if it ends without a checkpoint (its own
+                    # request's deadline may have been shorter), this one tries next round.
+                    found = await asyncio.shield(running)
+                    if found is not None:
+                        return found
+                    continue
+                made = await self._make(key, job, summarizer, within)
+                if made is not None:
+                    return made
+                # Another replica holds the lock: it writes its checkpoint when done, or
+                # lets the lock go (then this request takes it on the next round).
                 await asyncio.sleep(pause)
                 pause = min(longest, pause * 2)
                 data = await self.records.checkpoint(namespace, conversation)
-                if data and data != before:
-                    return _made(Checkpoint.from_json(data))
+                found = Checkpoint.from_json(data) if data != before else None
+                if found is not None:
+                    return found
 
     async def _make(
         self, key: _Key, job: SummaryJob, summarizer: Summarizer, seconds: float
     ) -> Checkpoint | None:
         """Run ``job`` under the conversation's lock and keep its checkpoint; ``None``
-        when another holds the lock. One that already covers the job is returned as it is."""
+        when another holds the lock (``StoreError`` when the store cannot say). A
+        checkpoint of the same messages, still stored, made meanwhile is returned as it is."""
         namespace, conversation = key
         token = await self.records.lock(namespace, conversation, seconds + _LOCK_MARGIN)
         if token is None:
@@ -144,8 +152,9 @@ class SummaryService:
             existing = Checkpoint.from_json(await self.records.checkpoint(namespace, conversation))
             if (
                 existing is not None
-                and existing.start == job.start
-                and (existing.end > job.end or existing.chain == job.chain)
+                and (existing.start, existing.end, existing.chain)
+                == (job.start, job.end, job.chain)
+                and await self._stored(existing, job)
             ):
                 self.counts["reused"] += 1
                 made = existing
@@ -160,8 +169,18 @@ class SummaryService:
             raise
         finally:
             future.set_result(made)
-            del self._running[key]
+            if self._running.get(key) is future:
+                del self._running[key]
             await self.records.unlock(namespace, conversation, token)
+
+    async def _stored(self, checkpoint: Checkpoint, job: SummaryJob) -> bool:
+        touch = getattr(self.objects, "touch", None)
+        if touch is None:
+            return False
+        for ref in checkpoint.refs:
+            if not await touch(job.namespace, ref, job.ttl):
+                return False
+        return True
 
     def _started(self) -> asyncio.Queue[_Queued]:
         if self._queue is None:
@@ -177,7 +196,7 @@ class SummaryService:
             try:
                 await self._make(item.key, item.job, item.summarizer, item.timeout)
             except (SummaryFailed, StoreError, TimeoutError) as exc:
-                log.info("background summary failed: %s", exc or "deadline")
+                log.warning("background summary failed: %s", str(exc) or "deadline")
             except Exception:
                 log.warning("background summary failed", exc_info=True)
             finally:
@@ -196,12 +215,6 @@ class SummaryService:
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
-
-
-def _made(checkpoint: Checkpoint | None) -> Checkpoint:
-    if checkpoint is None:
-        raise SummaryFailed("the summary being made for this conversation failed")
-    return checkpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,15 @@ from pipelines.summary import (
 
 __all__ = ["SummaryFailed", "UpstreamSummarizer"]
 
+_CALLERS_FAULT: Final = frozenset({401, 403, 404, 429})
+"""Statuses that say the caller's key, model or quota is the problem: they do not count
+towards pausing summaries for everyone."""
+
+
+class SummaryRefused(SummaryFailed):
+    """The upstream refused the summary call for the caller's own reasons."""
+
+
 _RESPONSE_FORMAT: Final = {
     "type": "json_schema",
     "json_schema": {"name": "context_checkpoint", "strict": True, "schema": summary_schema()},
@@ -82,7 +91,18 @@ class UpstreamSummarizer:
         except GatewayError as exc:
             failure, cause = SummaryFailed(f"the summary model did not answer: {exc.code}"), exc
         except SummaryOverflow:
-            raise  # the input's fault, not the summary model's: asked again with less
+            if breaker is not None:
+                breaker.release()  # the input's fault, not the model's: asked again with less
+            raise
+        except SummaryRefused:
+            if breaker is not None:
+                breaker.release()  # the caller's key or quota, not the model
+            raise
+        except asyncio.CancelledError:
+            # The caller's deadline ran out first: as slow as a timeout of our own.
+            if breaker is not None:
+                breaker.failure()
+            raise
         except SummaryFailed as exc:
             failure, cause = exc, exc
         else:
@@ -131,10 +151,10 @@ class UpstreamSummarizer:
             status, answer = await self._post(body)
         if is_context_overflow(status, answer):
             raise SummaryOverflow(f"the summary model's window was exceeded ({status})")
+        if status in _CALLERS_FAULT:
+            raise SummaryRefused(f"the summary call was refused ({status})")
         if status != 200:
-            raise SummaryFailed(
-                f"the summary model answered {status}: {answer[:200].decode('utf-8', 'replace')}"
-            )
+            raise SummaryFailed(f"the summary model answered {status}{_error_code(answer)}")
         try:
             data = orjson.loads(answer)
             content = data["choices"][0]["message"]["content"]
@@ -152,3 +172,14 @@ class UpstreamSummarizer:
         )
         limit = None if response.is_success else self.upstream.settings.max_error_body_bytes
         return response.status_code, await self.upstream.read_body(response, limit)
+
+
+def _error_code(body: bytes) -> str:
+    """`` (code)`` from an OpenAI error envelope, else nothing: the body itself is not
+    repeated (it goes to logs and reports, and a provider might echo a credential)."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    code = error.get("code") or error.get("type") if isinstance(error, dict) else None
+    return f" ({code})" if isinstance(code, str) and code.isprintable() and len(code) < 80 else ""

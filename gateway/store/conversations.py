@@ -42,7 +42,8 @@ class ConversationRecords(Protocol):
 
     async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
         """Take the conversation's summary lock for ``seconds`` at most: a token to
-        release it with, or ``None`` when someone holds it (or the store cannot say)."""
+        release it with, or ``None`` when someone holds it; ``StoreError`` when the store
+        cannot say."""
         ...
 
     async def unlock(self, namespace: str, conversation: str, token: str) -> None:

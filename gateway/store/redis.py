@@ -102,6 +102,11 @@ class CircuitBreaker:
     def success(self) -> None:
         self._failures, self._opened_at, self._trial = 0, None, False
 
+    def release(self) -> None:
+        """End a call that says nothing about the service (cancelled by its caller, or
+        refused for the caller's own fault): a half-open trial may be made again."""
+        self._trial = False
+
     def failure(self, *, slow: bool = False) -> None:
         """Count a failure; a ``slow`` one (a timeout) opens the circuit at once, so that a
         Redis that stopped answering costs one timeout per cooldown, not one per call."""
@@ -212,6 +217,9 @@ class RedisBackend:
             self.confirmed_at = 0.0
             self._secret_confirmed = self._configured
             raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
+        except asyncio.CancelledError:
+            self.breaker.release()
+            raise
         self.breaker.success()
         return result
 
@@ -379,10 +387,7 @@ class RedisConversations:
         key, client = self._key(namespace, conversation, "lock"), self.backend.client
         token = secrets.token_hex(8)
         milliseconds = max(1, int(seconds * 1000))
-        try:
-            taken = await self.backend.run(lambda: client.set(key, token, nx=True, px=milliseconds))
-        except StoreError:
-            return None
+        taken = await self.backend.run(lambda: client.set(key, token, nx=True, px=milliseconds))
         return token if taken else None
 
     async def unlock(self, namespace: str, conversation: str, token: str) -> None:

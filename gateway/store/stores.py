@@ -13,8 +13,9 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, TypeVar
 
 from gateway.settings import Settings
 from gateway.store.conversations import ConversationRecords, MemoryConversations
@@ -23,6 +24,8 @@ from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
 from pipelines import ConversationState, OffloadStore, StoreError
 
 __all__ = ["ANONYMOUS", "UNRESOLVED", "Deadlined", "Stores"]
+
+T = TypeVar("T")
 
 ANONYMOUS: Final = "anonymous"
 """The namespace of callers that send no key (a gateway with its own upstream key)."""
@@ -80,7 +83,7 @@ class _GuardedRecords:
 
     async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
         if namespace == UNRESOLVED:
-            return None
+            raise StoreError("no namespace while the store's secret cannot be read")
         return await self.inner.lock(namespace, conversation, seconds)
 
     async def unlock(self, namespace: str, conversation: str, token: str) -> None:
@@ -88,42 +91,38 @@ class _GuardedRecords:
 
 
 class Deadlined:
-    """An offload store whose operations for one request share one deadline: a Redis
+    """An offload store whose operations for one request share one time budget: a Redis
     that answers, but slowly, cannot hold a request with many offloads for many
-    timeouts; once the time is used up, the rest of the content stays in place."""
+    timeouts; once the time is used up, the rest of the content stays in place. Only
+    time spent in the store counts (not, say, a summary the request waited for)."""
 
-    __slots__ = ("_deadline", "inner")
+    __slots__ = ("_left", "inner")
 
     def __init__(self, inner: OffloadStore, seconds: float) -> None:
         self.inner = inner
-        self._deadline = time.monotonic() + seconds
+        self._left = seconds
 
     async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
-        try:
-            async with asyncio.timeout(self._remaining()):
-                return await self.inner.put(namespace, content, ttl=ttl)
-        except TimeoutError as exc:
-            raise StoreError(_USED_UP) from exc
+        return await self._within(self.inner.put(namespace, content, ttl=ttl))
 
     async def get(self, namespace: str, ref: str) -> bytes | None:
-        try:
-            async with asyncio.timeout(self._remaining()):
-                return await self.inner.get(namespace, ref)
-        except TimeoutError as exc:
-            raise StoreError(_USED_UP) from exc
+        return await self._within(self.inner.get(namespace, ref))
 
     async def touch(self, namespace: str, ref: str, ttl: int) -> bool:
+        return await self._within(_touch(self.inner, namespace, ref, ttl))
+
+    async def _within(self, operation: Coroutine[Any, Any, T]) -> T:
+        if self._left <= 0:
+            operation.close()
+            raise StoreError(_USED_UP)
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(self._remaining()):
-                return await _touch(self.inner, namespace, ref, ttl)
+            async with asyncio.timeout(self._left):
+                return await operation
         except TimeoutError as exc:
             raise StoreError(_USED_UP) from exc
-
-    def _remaining(self) -> float:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise StoreError(_USED_UP)
-        return remaining
+        finally:
+            self._left -= time.monotonic() - started
 
 
 _USED_UP: Final = "the store's time for this request is used up"

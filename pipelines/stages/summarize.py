@@ -8,7 +8,8 @@ so it applies to any request that starts with them, whichever replica made it.
 
 Making one takes a model call, so the stage avoids waiting for it:
 
-- **Preparation**: from ``prepare`` (0.40) utilisation, once the compactable span holds
+- **Preparation**: from ``prepare`` (0.40) utilisation, from a conversation's second
+  request on (a request never followed up costs no summary), once the compactable span holds
   500 tokens, and then each time it has grown by a grid step of compress
   (``(trigger - target) x budget``) beyond what the best known checkpoint covers, a job
   for it, merged into that checkpoint, is handed to the summaries service to run in the
@@ -84,7 +85,11 @@ class Summarize:
         ):
             return conversation
         budget = ctx.budget.input_tokens
-        preparing = ctx.tokens(ctx.received) >= ctx.policy.prepare * budget
+        # A conversation is prepared for once it has a record (its second request on):
+        # a request that is never followed up costs no summary.
+        preparing = (
+            ctx.state is not None and ctx.tokens(ctx.received) >= ctx.policy.prepare * budget
+        )
         compacted = ctx.compacted
         if compacted is None and not preparing:
             return conversation
@@ -142,10 +147,13 @@ class Summarize:
                 try:
                     checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
                 except (SummaryFailed, TimeoutError, StoreError) as exc:
-                    ctx.record(path=f"fallback: {exc or 'deadline'}")
+                    ctx.record(path=f"fallback: {str(exc) or 'deadline'}")
                     return conversation, None
                 if not checkpoint.applies_to(received, start, limit):
                     ctx.record(path="fallback: the summary made meanwhile covers another span")
+                    return conversation, None
+                if not await self._stored(checkpoint, ctx):
+                    ctx.record(path="fallback: the summary's originals are no longer stored")
                     return conversation, None
                 path = "summarised"
         try:
@@ -224,7 +232,7 @@ class Summarize:
             return
         job = self._job(source, start, end, known, ctx)
         taken = lookup.summaries.later(job)
-        ctx.record(prepare=[covered, end] if taken else "busy")
+        ctx.record(prepare=[covered, end] if taken else "not scheduled")
 
     def _job(
         self,

@@ -251,6 +251,17 @@ async def test_a_slow_store_costs_a_request_at_most_its_deadline() -> None:
     assert failed == 8
 
 
+async def test_only_time_in_the_store_counts_against_its_deadline() -> None:
+    """A request that waits for something else (a summary made on the spot) still has
+    its store time afterwards."""
+    import asyncio
+
+    store = Deadlined(MemoryStore(), 0.05)
+    await asyncio.sleep(0.1)
+    ref = await store.put("ns", b"after waiting for a summary", ttl=60)
+    assert await store.get("ns", ref) == b"after waiting for a summary"
+
+
 @pytest.mark.parametrize("value", ["²", "9" * 5_000, "-1", "0"])
 def test_odd_line_numbers_are_refused(value: str) -> None:
     from gateway.errors import InvalidRequest

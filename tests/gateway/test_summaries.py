@@ -123,6 +123,18 @@ def wait_until(condition: Callable[[], bool], seconds: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def settle(model: SummaryModel, quiet: float = 1.5) -> None:
+    """Wait until no summary call has come for ``quiet`` seconds (longer than the model
+    takes to answer): replicas in other processes have finished their background work."""
+    seen, since = len(model.calls), time.monotonic()
+    deadline = since + 30
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, "summary calls kept coming"
+        time.sleep(0.1)
+        if len(model.calls) != seen:
+            seen, since = len(model.calls), time.monotonic()
+
+
 def recalled(request: dict[str, Any]) -> list[str]:
     return [
         str(m["content"])
@@ -340,8 +352,7 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
             response = post(first.base_url, request, "replicas-1")
             if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
                 break
-        wait_until(lambda: len(model.calls) == 1)
-        time.sleep(1.5)  # the summary model answers after 1 s; then it is stored
+        settle(model)  # the summary model answers after 1 s; then it is stored
         calls = len(model.calls)
         for request in history[index:]:
             response = post(second.base_url, request, "replicas-1")
@@ -353,7 +364,9 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
         (text,) = recalled(chat_requests(upstream)[-1])
         assert model.goal in text
 
-        # Two requests of a new conversation, already past the cut, at once on both.
+        # Two requests of a new conversation, already past the cut, at once on both,
+        # once the background work the first conversation scheduled is done.
+        settle(model)
         upstream.reset()
         upstream.handler = model = SummaryModel(delay=1.0)
         last = history[-1]
@@ -459,3 +472,89 @@ def test_a_summary_model_too_small_for_the_span_gives_way_to_the_main_model(
     (sent,) = chat_requests(upstream)
     assert_valid_request(sent)
     assert len(recalled(sent)) == 1
+
+
+def replay_until_summarised(
+    base_url: str,
+    history: list[list[dict[str, Any]]],
+    conversation: str,
+    busy: Callable[[], bool] = lambda: False,
+) -> str:
+    """Replay ``history`` turn by turn, letting background summaries finish between
+    turns, up to the first request that carries a summary; its path."""
+    for request in history:
+        response = post(base_url, request, conversation)
+        path = response.headers.get("x-contextgate-summary", "").split(",")[0]
+        if path in ("prepared", "reused", "extended", "made"):
+            return path
+        wait_until(lambda: not busy())
+    return ""
+
+
+def test_an_edited_history_gets_summaries_of_its_own(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The client edits an early turn and carries on under the same conversation id:
+    the checkpoints of the first version (prepared far ahead by then) do not apply, their
+    hash chain differs, and are not passed off as the new version's; it gets its own."""
+    model = SummaryModel()
+    upstream.handler = model
+    service = gateway.app.state.gateway.summaries
+    for history in turns():
+        post(gateway.base_url, history, "edited-1")
+        wait_until(lambda: not service.busy)
+
+    def edited(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        copy = [dict(m) for m in history]
+        index = next(i for i in range(3, len(copy)) if copy[i]["role"] == "user")
+        copy[index]["content"] = str(copy[index]["content"]) + " My member id is EDITED999."
+        return copy
+
+    later = [h for h in turns() if sum(m["role"] == "user" for m in h[3:]) > 0]
+    edits = [edited(h) for h in later]
+    assert replay_until_summarised(gateway.base_url, edits, "edited-1", lambda: service.busy)
+    (text,) = recalled(chat_requests(upstream)[-1])
+    assert "EDITED999" in text
+
+
+def test_a_checkpoint_whose_originals_are_gone_is_not_used(
+    upstream: MockUpstream, redis_url: str
+) -> None:
+    """Redis lost the stored originals (a restart without persistence; the epoch goes
+    with them) after a prepared summary went out. The same request again once the cache
+    has lapsed: the checkpoint is not sent again naming refs that are gone; a new summary
+    is made, and every ref it lists restores."""
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        redis_url=redis_url,
+        models=(ModelInfo("gpt-4o", 128_000, 16_384, "openai", "none", cache_ttl=1),),
+    )
+    model = SummaryModel()
+    upstream.handler = model
+    policy = f"{POLICY}, soft-ratio=1.0, hard-ratio=1.0"  # no cache-TTL prune
+    with GatewayServer(settings) as gateway:
+        service = gateway.app.state.gateway.summaries
+        last: list[dict[str, Any]] = []
+        for last in turns():
+            response = post(gateway.base_url, last, "lost-1", policy)
+            if response.headers.get("x-contextgate-summary", "").startswith("prepared"):
+                break
+            wait_until(lambda: not service.busy)
+        else:
+            pytest.fail("no prepared summary was used")
+        wait_until(lambda: not service.busy)
+        client = redis.Redis.from_url(redis_url)
+        client.delete(*client.scan_iter("cg:o:*"), b"cg:epoch")
+        client.close()
+        time.sleep(1.5)  # past the cache TTL: no hot-cache bypass
+        response = post(gateway.base_url, last, "lost-1", policy)
+        assert response.headers["x-contextgate-summary"].startswith("made")
+        (text,) = recalled(chat_requests(upstream)[-1])
+        refs = re.findall(r"ctx_[A-Za-z0-9_-]{22,}", text.rsplit("\n", 1)[-1])
+        assert refs
+        for ref in refs:
+            restored = httpx.get(
+                f"{gateway.base_url}/context/objects/{ref}",
+                headers={"authorization": "Bearer sk-test"},
+            )
+            assert restored.status_code == 200

@@ -125,3 +125,50 @@ async def test_repeated_failures_pause_summaries(upstream: MockUpstream) -> None
     upstream.push(answering(GOOD))
     assert (await run(upstream, breaker=breaker)).fields == GOOD
     assert breaker.state == "closed"
+
+
+async def test_the_callers_own_refusals_do_not_pause_summaries(upstream: MockUpstream) -> None:
+    """401, 403, 404 and 429 say the caller's key, model or quota is the problem: any
+    number of them leaves summaries running for everyone else."""
+    from gateway.store.redis import CircuitBreaker
+
+    breaker = CircuitBreaker(3, 30.0)
+    for status in (401, 403, 404, 429, 401):
+        upstream.push(JSONReply({"error": {"message": "no"}}, status=status))
+        with pytest.raises(SummaryFailed, match=str(status)):
+            await run(upstream, breaker=breaker)
+    assert breaker.state == "closed"
+    upstream.push(answering(GOOD))
+    assert (await run(upstream, breaker=breaker)).fields == GOOD
+
+
+async def test_a_probe_ended_by_an_overflow_or_by_its_caller_does_not_jam_the_breaker(
+    upstream: MockUpstream,
+) -> None:
+    """Half-open, the one probe let through may end in a context overflow (the input's
+    fault) or be cancelled by the request's own deadline: another probe is allowed after
+    either, and a cancelled one counts as a failure (a model too slow for its callers)."""
+    import asyncio
+
+    from gateway.store.redis import CircuitBreaker
+    from pipelines.summary import SummaryOverflow
+
+    now = [0.0]
+    breaker = CircuitBreaker(3, 30.0, clock=lambda: now[0])
+    for _ in range(3):
+        breaker.failure()
+    now[0] = 31.0
+    overflow = {"error": {"message": "maximum context length exceeded", "code": None}}
+    upstream.push(JSONReply(overflow, status=400))
+    with pytest.raises(SummaryOverflow):
+        await run(upstream, breaker=breaker)
+    assert breaker.allow()  # a new probe
+    breaker.release()
+    upstream.push(JSONReply(chat_completion(orjson.dumps(GOOD).decode()), delay=2.0))
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await run(upstream, breaker=breaker)
+    assert breaker.state == "open"  # counted: the probe failed
+    now[0] = 62.0
+    upstream.push(answering(GOOD))
+    assert (await run(upstream, breaker=breaker)).fields == GOOD

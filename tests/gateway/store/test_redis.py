@@ -244,3 +244,25 @@ async def test_without_a_confirmed_epoch_known_objects_are_confirmed(
     assert await store.put("ns", b"content", ttl=600) == ref
     assert await store.get("ns", ref) == b"content"
     await store.backend.aclose()
+
+
+async def test_a_probe_cancelled_by_its_caller_leaves_the_breaker_usable(
+    server: RedisServer,
+) -> None:
+    """Half-open, the one operation let through is cancelled by its caller's own deadline
+    (a request's, a summary's): that says nothing about Redis, so the next operation may
+    probe again, and once Redis answers the store works."""
+    store = store_on(server.url)
+    backend = store.backend
+    server.pause()
+    with pytest.raises(StoreError):
+        await store.put("ns", b"while paused", ttl=60)  # a timeout: open at once
+    await asyncio.sleep(SETTINGS.breaker_cooldown + 0.05)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await store.put("ns", b"the probe", ttl=60)
+    server.resume()
+    assert await backend.ping()
+    ref = await store.put("ns", b"after the probe", ttl=60)
+    assert await store.get("ns", ref) == b"after the probe"
+    await backend.aclose()

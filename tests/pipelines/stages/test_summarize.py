@@ -212,8 +212,10 @@ def utilisation(history: list[dict[str, Any]]) -> float:
 
 async def test_from_0_40_a_summary_is_prepared_and_the_request_is_not_held() -> None:
     service = Service(Scripted("prepared"))
+    state = None
     for history in turns():
-        result = await run_with(service, history)
+        result = await run_with(service, history, state=state)
+        state = result.state.answered(at=999.0)
         if service.later_jobs:
             break
         assert "prepare" not in details(result)
@@ -273,8 +275,9 @@ async def test_a_prepared_checkpoint_is_used_at_the_cut_without_a_call() -> None
 async def test_the_next_preparation_merges_only_what_is_new() -> None:
     summarizer = Scripted("first", "merged")
     service = Service(summarizer)
+    state = None
     for history in turns():
-        await run_with(service, history)
+        state = (await run_with(service, history, state=state)).state.answered(at=999.0)
         await service.drain()
         if len(service.later_jobs) == 2:
             break
@@ -324,3 +327,13 @@ async def test_a_cut_sent_with_notes_keeps_them_while_the_cache_is_warm() -> Non
     assert details(again)["path"].startswith("notes kept")
     cold = await run(Scripted("ready now"), history, state=failed.state.answered(at=1.0))
     assert details(cold)["path"] == "summarised"
+
+
+async def test_a_request_with_no_record_prepares_nothing() -> None:
+    """A conversation's first request (no record: it may never be followed up) schedules
+    no summary, however full it is."""
+    service = Service(Scripted())
+    for history in turns():
+        if 0.40 <= utilisation(history) < 0.70:
+            await run_with(service, history)
+    assert service.later_jobs == []
