@@ -177,7 +177,7 @@ class SummaryService:
         touch = getattr(self.objects, "touch", None)
         if touch is None:
             return False
-        for ref in checkpoint.refs:
+        for ref in checkpoint.stored:
             if not await touch(job.namespace, ref, job.ttl):
                 return False
         return True
@@ -226,6 +226,10 @@ class BoundSummaries:
     summarizer: Summarizer | None
     """``None`` for a dry run: checkpoints are read, none is made."""
     timeout: float
+
+    @property
+    def background(self) -> bool:
+        return self.summarizer is not None
 
     async def ready(self) -> Checkpoint | None:
         namespace, conversation = self.key

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
 import orjson
@@ -44,6 +44,10 @@ DROP_STEPS: Final = (0.0, 0.1, 0.2, 0.5, 1.0)
 _CHUNK_BYTES: Final = 64 * 1024
 """Originals are stored in chunks of about this size, at message boundaries."""
 _OMITTED: Final = "[Tool output omitted from the summary's input; the original is stored.]"
+_INDEX_NOTE: Final = (
+    "The earlier messages a summary of this conversation stands for, stored in parts,"
+    " oldest first. Restore a part by its ref to read its messages."
+)
 
 
 def chain_of(messages: Sequence[Message]) -> str:
@@ -71,6 +75,21 @@ class Checkpoint:
     the cut stays, the same checkpoint is applied again, so the prefix does not move."""
     made: dict[str, Any] = field(default_factory=dict)
     """How it was made (model, attempts, retention, guard, dropped tool outputs)."""
+    kept: tuple[int, ...] = ()
+    """Protected messages kept as they are beside the summary when last applied."""
+    index: str = ""
+    """Ref of the stored list of ``refs``: what the summary message names, one ref
+    however many merges the checkpoint has been through."""
+
+    @property
+    def listed(self) -> tuple[str, ...]:
+        """The refs the summary message names."""
+        return (self.index,) if self.index else self.refs
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """Every object the checkpoint needs."""
+        return (*self.refs, self.index) if self.index else self.refs
 
     def applies_to(self, messages: Sequence[Message], start: int, limit: int) -> bool:
         """Whether this checkpoint stands for ``messages[start:self.end]`` and ends by
@@ -81,8 +100,8 @@ class Checkpoint:
             and chain_of(messages[start : self.end]) == self.chain
         )
 
-    def applied_at(self, cut: int) -> Checkpoint:
-        return Checkpoint(self.start, self.end, self.chain, self.summary, self.refs, cut, self.made)
+    def applied_at(self, cut: int, kept: tuple[int, ...]) -> Checkpoint:
+        return replace(self, cut=cut, kept=kept)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +112,8 @@ class Checkpoint:
             "refs": list(self.refs),
             "cut": self.cut,
             "made": self.made,
+            "kept": list(self.kept),
+            "index": self.index,
         }
 
     @classmethod
@@ -113,8 +134,8 @@ class Checkpoint:
             or not all(isinstance(r, str) for r in refs)
         ):
             return None
-        cut = data.get("cut", 0)
-        made = data.get("made")
+        cut, made = data.get("cut", 0), data.get("made")
+        kept, index = data.get("kept"), data.get("index")
         return cls(
             start,
             end,
@@ -123,6 +144,8 @@ class Checkpoint:
             tuple(refs),
             cut if isinstance(cut, int) else 0,
             made if isinstance(made, dict) else {},
+            tuple(i for i in kept if isinstance(i, int)) if isinstance(kept, list) else (),
+            index if isinstance(index, str) else "",
         )
 
     @classmethod
@@ -163,6 +186,12 @@ class SummaryJob:
 class Summaries(Protocol):
     """Where the summarize stage gets checkpoints for one request's conversation."""
 
+    @property
+    def background(self) -> bool:
+        """Whether jobs can run in the background (``later``): else everything is made
+        when it is needed."""
+        ...
+
     async def ready(self) -> Checkpoint | None:
         """The conversation's latest prepared checkpoint, if any."""
         ...
@@ -186,6 +215,11 @@ async def run_job(job: SummaryJob, summarizer: Summarizer, store: OffloadStore) 
     refs = list(job.base.refs) if job.base is not None else []
     for chunk in _chunks(job.originals):
         refs.append(await store.put(job.namespace, orjson.dumps(chunk), ttl=job.ttl))
+    index = await store.put(
+        job.namespace,
+        orjson.dumps({"note": _INDEX_NOTE, "parts": refs}, option=orjson.OPT_INDENT_2),
+        ttl=job.ttl,
+    )
     previous = job.base.summary if job.base is not None else None
     summary, dropped = await summarize_stepped(summarizer, job.inputs, job.model, previous)
     made = {
@@ -197,7 +231,9 @@ async def run_job(job: SummaryJob, summarizer: Summarizer, store: OffloadStore) 
     }
     if dropped:
         made["dropped_tool_outputs"] = dropped
-    return Checkpoint(job.start, job.end, job.chain, summary.fields, tuple(refs), made=made)
+    return Checkpoint(
+        job.start, job.end, job.chain, summary.fields, tuple(refs), made=made, index=index
+    )
 
 
 async def summarize_stepped(
@@ -249,6 +285,8 @@ class LocalSummaries:
     (one per conversation) and never in the background."""
 
     __slots__ = ("_latest", "store", "summarizer")
+
+    background = False
 
     def __init__(self, summarizer: Summarizer, store: OffloadStore) -> None:
         self.summarizer, self.store = summarizer, store

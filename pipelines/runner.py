@@ -33,7 +33,7 @@ async def run_stages(
     current = report.tokens_before
     for stage in stages:
         ctx.details = {}
-        carried = dict(ctx.carry)
+        carried, compacted = dict(ctx.carry), ctx.compacted
         started = perf_counter()
         error: str | None = None
         try:
@@ -48,6 +48,7 @@ async def run_stages(
             log.warning("stage %s failed; request left unchanged", stage.name, exc_info=True)
             result, changed, after = conversation, False, current
             ctx.carry = carried
+            ctx.compacted = compacted
             error = f"{type(exc).__name__}: {exc}"
         elapsed = (perf_counter() - started) * 1000
         report.stages.append(

@@ -92,6 +92,9 @@ class Compacted:
     source: Conversation
     start: int
     cut: int
+    basis: Conversation
+    """What compress protected on: ``source`` before the cut, deduplicated after it
+    (so its protected tail is the one compress kept)."""
 
 
 @dataclass(slots=True)
@@ -138,12 +141,15 @@ class StageContext:
 
     async def confirmed(self, ref: str) -> bool:
         """Whether ``ref`` is still in the store (renewing it for ``offload-ttl``), asked
-        cheaply: what a rewrite made on an earlier request names must still be there before
-        the rewrite is sent again. False when the store cannot say."""
+        cheaply where the store can (``touch``), else by reading it: what a rewrite made on
+        an earlier request names must still be there before the rewrite is sent again.
+        False when the store cannot say."""
         touch = getattr(self.store, "touch", None)
-        if touch is None:
-            return False
         try:
+            if touch is None:  # a store that cannot be asked cheaply: read it back
+                return (
+                    self.store is not None and await self.store.get(self.namespace, ref) is not None
+                )
             return bool(await touch(self.namespace, ref, self.policy.offload_ttl))
         except StoreError:
             return False

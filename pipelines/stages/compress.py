@@ -129,11 +129,16 @@ class Compress:
                     self._remember(conversation, deduped, result, ctx)
             cut = ctx.details.get("cut")
             if isinstance(cut, int):
-                ctx.compacted = Compacted(conversation, int(ctx.details["span_start"]), cut)
+                messages = conversation.messages
+                after = result.messages[len(result.messages) - (len(messages) - cut) :]
+                basis = conversation.with_messages([*messages[:cut], *after])
+                ctx.compacted = Compacted(conversation, int(ctx.details["span_start"]), cut, basis)
             ctx.carry["compacted_cut"] = cut if isinstance(cut, int) else 0
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
         except _NoStore:
+            ctx.compacted = None
+            ctx.carry["compacted_cut"] = 0
             ctx.record(skipped="store unavailable", store_failures=1)
             return await self._lossy(conversation, ctx)
         return result

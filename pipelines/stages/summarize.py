@@ -88,7 +88,9 @@ class Summarize:
         # A conversation is prepared for once it has a record (its second request on):
         # a request that is never followed up costs no summary.
         preparing = (
-            ctx.state is not None and ctx.tokens(ctx.received) >= ctx.policy.prepare * budget
+            ctx.summaries.background
+            and ctx.state is not None
+            and ctx.tokens(ctx.received) >= ctx.policy.prepare * budget
         )
         compacted = ctx.compacted
         if compacted is None and not preparing:
@@ -101,7 +103,8 @@ class Summarize:
         if compacted is not None:
             result, applied = await self._apply(conversation, compacted, lookup, ctx)
         if preparing:
-            await self._prepare(source, applied, lookup, ctx)
+            basis = compacted.basis if compacted is not None else conversation
+            await self._prepare(source, basis, applied, lookup, ctx)
         return result
 
     async def _apply(
@@ -112,22 +115,26 @@ class Summarize:
         assert ctx.received is not None
         received = ctx.received.messages
         start, cut = compacted.start, compacted.cut
-        span = compactable(compacted.source, ctx)
+        span = compactable(compacted.basis, ctx)
         limit, pinned = (max(span[1], cut), span[2]) if span is not None else (cut, ())
         state = ctx.state
         previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
+        budget = ctx.budget.input_tokens
         if (
             previous is not None
             and previous.cut == cut
             and previous.applies_to(received, start, limit)
             and await self._stored(previous, ctx)
         ):
-            checkpoint, path = previous, "checkpoint reused"
+            # Rendered as last time, with the messages it kept as they were kept then
+            # (one pinned then may no longer be the latest user message).
+            checkpoint, path, pinned = previous, "checkpoint reused", previous.kept
         elif (
             not ctx.cold
             and state is not None
             and state.compacted_cut == cut
-            and ctx.tokens(conversation) <= ctx.policy.emergency * ctx.budget.input_tokens
+            and (previous is None or previous.cut != cut)
+            and ctx.tokens(conversation) <= ctx.policy.emergency * budget
         ):
             ctx.record(path="notes kept: the cut went out with them and the cache is warm")
             return conversation, None
@@ -136,38 +143,50 @@ class Summarize:
             candidates = [
                 k
                 for k in (ready, previous)
-                if k is not None and k.applies_to(received, start, limit)
+                if k is not None
+                and k.applies_to(received, start, limit)
+                and await self._stored(k, ctx)
             ]
             found = max(candidates, key=lambda k: k.end, default=None)
-            if found is not None and await self._stored(found, ctx):
+            if found is not None and (found.end >= cut or lookup.summaries.background):
                 checkpoint = found
                 path = "prepared checkpoint used" if found is ready else "checkpoint extended"
             else:
-                job = self._job(compacted.source, start, cut, None, ctx)
+                # Nothing prepared (or, with no background work, only part): made now.
+                job = self._job(compacted.source, start, cut, found, ctx)
                 try:
                     checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
                 except (SummaryFailed, TimeoutError, StoreError) as exc:
-                    ctx.record(path=f"fallback: {str(exc) or 'deadline'}")
-                    return conversation, None
-                if not checkpoint.applies_to(received, start, limit):
-                    ctx.record(path="fallback: the summary made meanwhile covers another span")
-                    return conversation, None
-                if not await self._stored(checkpoint, ctx):
-                    ctx.record(path="fallback: the summary's originals are no longer stored")
-                    return conversation, None
-                path = "summarised"
+                    reason = str(exc) or "deadline"
+                    if found is None:
+                        ctx.record(path=f"fallback: {reason}")
+                        return conversation, None
+                    checkpoint, path = found, f"checkpoint extended ({reason})"
+                else:
+                    if not checkpoint.applies_to(received, start, limit):
+                        ctx.record(path="fallback: the summary made meanwhile covers another span")
+                        return conversation, None
+                    if not await self._stored(checkpoint, ctx):
+                        ctx.record(path="fallback: the summary's originals are no longer stored")
+                        return conversation, None
+                    path = "summarised" if found is None else "merged"
+            pinned = tuple(i for i in pinned if start <= i < max(checkpoint.end, cut))
         try:
             result = await self._replaced(conversation, compacted, checkpoint, pinned, ctx)
         except StoreError:
             ctx.record(path="fallback: store unavailable", store_failures=1)
             return conversation, None
-        budget = ctx.budget.input_tokens
         if ctx.tokens(result) > max(ctx.tokens(conversation), ctx.policy.trigger * budget):
             ctx.record(path="fallback: the summary is larger than the notes")
             return conversation, None
-        checkpoint = checkpoint.applied_at(cut)
+        checkpoint = checkpoint.applied_at(cut, tuple(pinned))
         ctx.carry["checkpoint"] = checkpoint.to_dict()
-        ctx.record(path=path, covers=[checkpoint.start, checkpoint.end], **checkpoint.made)
+        ctx.record(
+            path=path,
+            covers=[checkpoint.start, checkpoint.end],
+            summary=chain_of([result.messages[start]]),
+            **checkpoint.made,
+        )
         return result, checkpoint
 
     async def _replaced(
@@ -180,12 +199,13 @@ class Summarize:
     ) -> Conversation:
         """Compress's span (and, when the checkpoint reaches past the cut, the messages up
         to its end) replaced by the summary, the protected messages in that range as they
-        are, and notes for what lies between the checkpoint's end and the cut."""
+        are, and a note for each run of messages between the checkpoint's end and the cut
+        (what compress kept there too: the background summary catches up with them)."""
         source = compacted.source.messages
         out = conversation.messages
         start, cut, end = compacted.start, compacted.cut, checkpoint.end
         tail_at = len(out) - (len(source) - cut)
-        middle: list[Message] = [summary_message(checkpoint.summary, checkpoint.refs)]
+        middle: list[Message] = [summary_message(checkpoint.summary, checkpoint.listed)]
         protected = set(pinned)
         middle.extend(source[i] for i in range(start, end) if i in protected)
         run: list[Message] = []
@@ -205,14 +225,15 @@ class Summarize:
     async def _prepare(
         self,
         source: Conversation,
+        basis: Conversation,
         applied: Checkpoint | None,
         lookup: _Lookup,
         ctx: StageContext,
     ) -> None:
-        """Schedule the summary of the compactable span when it has outgrown the best
-        known checkpoint enough."""
+        """Schedule the summary of the compactable span (of ``basis``, as compress sees
+        it) when it has outgrown the best known checkpoint enough."""
         assert ctx.received is not None
-        span = compactable(source, ctx)
+        span = compactable(basis, ctx)
         if span is None:
             return
         start, end, _ = span
@@ -265,7 +286,7 @@ class Summarize:
     @staticmethod
     async def _stored(checkpoint: Checkpoint, ctx: StageContext) -> bool:
         """Whether the originals a checkpoint names are all still stored."""
-        for ref in checkpoint.refs:
+        for ref in checkpoint.stored:
             if not await ctx.confirmed(ref):
                 return False
         return True

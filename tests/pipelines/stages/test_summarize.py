@@ -5,17 +5,20 @@ call, merged as the span grows, and the notes kept whenever that fails."""
 from __future__ import annotations
 
 import json
+import random
+import re
 from pathlib import Path
 from typing import Any
 
 from bench.compaction import requests_of
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy
+from pipelines import ModelCatalog, Pipeline, Policy
 from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of, run_job
 from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed, SummaryOverflow
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
+REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 
 
@@ -80,7 +83,10 @@ async def test_the_span_becomes_one_summary_listing_its_refs() -> None:
     assert "goal (first)" in summaries[0]["content"]
     checkpoint = result.state.checkpoint
     assert checkpoint is not None
-    assert all(ref in summaries[0]["content"] for ref in checkpoint["refs"])
+    # One ref named, however many parts: the index of the stored originals.
+    assert REF.findall(summaries[0]["content"]) == [checkpoint["index"]]
+    index = json.loads(await STORE.get("", checkpoint["index"]) or b"{}")
+    assert index["parts"] == checkpoint["refs"]
     assert summarizer.calls[0]["model"] == "gpt-4o"
     assert summarizer.calls[0]["previous"] is None
     assert any(m.get("role") == "tool" for m in summarizer.calls[0]["messages"])
@@ -157,6 +163,8 @@ async def test_inputs_too_big_for_any_window_keep_the_newest() -> None:
 class Service:
     """A summaries service playing the gateway's: a prepared checkpoint to offer, the
     jobs scheduled for later, and the summaries asked for now (made by ``summarizer``)."""
+
+    background = True
 
     def __init__(self, summarizer: Any, ready: Checkpoint | None = None) -> None:
         self.summarizer = summarizer
@@ -253,7 +261,7 @@ async def test_a_prepared_checkpoint_is_used_at_the_cut_without_a_call() -> None
     out = result.request["messages"]
     recalled = [m for m in out if str(m.get("content", "")).startswith("[Recalled context")]
     assert len(recalled) == 1
-    assert all(ref in recalled[0]["content"] for ref in checkpoint.refs)
+    assert REF.findall(recalled[0]["content"]) == [checkpoint.index]
     assert out[: checkpoint.start] == later[: checkpoint.start]
     assert_valid(out)
     assert_valid_request(result.request)
@@ -337,3 +345,125 @@ async def test_a_request_with_no_record_prepares_nothing() -> None:
         if 0.40 <= utilisation(history) < 0.70:
             await run_with(service, history)
     assert service.later_jobs == []
+
+
+def words(seed: int, count: int) -> str:
+    chosen = random.Random(seed)
+    return " ".join(f"word{chosen.randint(0, 999)}" for _ in range(count))
+
+
+def agent_loop(calls: int) -> list[dict[str, Any]]:
+    """A chat, then one user request the agent works on for ``calls`` tool calls."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Start the project."},
+        {"role": "assistant", "content": "Sure."},
+    ]
+    for turn in range(4):
+        history += [
+            {"role": "user", "content": f"question {turn}: {words(turn, 40)}"},
+            {"role": "assistant", "content": f"answer {turn}: {words(100 + turn, 40)}"},
+        ]
+    history.append({"role": "user", "content": "Now please investigate the files."})
+    for n in range(calls):
+        history += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": f'{{"n": {n}}}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{n}", "content": words(1000 + n, 250)},
+        ]
+    return history
+
+
+async def test_a_pinned_request_stays_where_it_was_once_it_is_no_longer_the_latest() -> None:
+    """The latest user message of a long agent loop is kept beside the summary; when the
+    user writes again it is no longer protected, yet the next request, at the same cut,
+    renders the summary exactly as before: the prefix does not move."""
+    summarizer = Scripted("loop")
+    pipeline = isolated(summarizer, ModelCatalog())
+    first_history = agent_loop(16)
+    first = await pipeline.compact(
+        {"model": "gpt-4o", "messages": first_history}, policy=Policy(max_input=6_000), now=1_000.0
+    )
+    assert details(first)["path"] == "summarised"
+    out = first.request["messages"]
+    assert {"role": "user", "content": "Now please investigate the files."} in out
+    second_history = [
+        *first_history,
+        {"role": "assistant", "content": "Done investigating."},
+        {"role": "user", "content": "Thanks, what next?"},
+    ]
+    second = await pipeline.compact(
+        {"model": "gpt-4o", "messages": second_history},
+        policy=Policy(max_input=6_000),
+        state=first.state.answered(at=999.0),
+        now=1_000.0,
+    )
+    if not second.report.is_event_after(first.report):
+        assert second.request["messages"][: len(out) - 1] == out[:-1]
+    assert details(second)["path"] == "checkpoint reused"
+
+
+class PlainStore:
+    """A store with the protocol's two operations only (no ``touch``)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        return await self.inner.put(namespace, content, ttl=ttl)
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        return await self.inner.get(namespace, ref)
+
+
+async def test_a_store_without_touch_still_reuses_its_checkpoint() -> None:
+    store = PlainStore()
+    history = long_history()
+
+    async def once(summarizer: Scripted, state: Any = None) -> Any:
+        return await Pipeline(store=store, summarizer=summarizer).compact(
+            {"model": "gpt-4o", "messages": history},
+            policy=Policy(max_input=6_000),
+            state=state,
+            now=1_000.0,
+        )
+
+    first = await once(Scripted("first"))
+    assert details(first)["path"] == "summarised"
+    again = Scripted("second")
+    result = await once(again, first.state.answered(at=999.0))
+    assert details(result)["path"] == "checkpoint reused"
+    assert again.calls == []
+    assert result.request == first.request
+
+
+async def test_without_background_work_a_summary_is_extended_when_the_cut_moves() -> None:
+    """The library has no background: when compress moves its cut past what the
+    checkpoint covers, the new part is merged in on the spot (not left in notes)."""
+    summarizer = Scripted("first", "merged")
+    pipeline = isolated(summarizer, ModelCatalog())
+    state = None
+    paths = []
+    for history in turns():
+        result = await pipeline.compact(
+            {"model": "gpt-4o", "messages": history},
+            policy=Policy(max_input=4_000),
+            state=state,
+            now=1_000.0,
+        )
+        state = result.state.answered(at=999.0)
+        paths.append(details(result).get("path"))
+    assert "summarised" in paths
+    assert "merged" in paths
+    assert summarizer.calls[1]["previous"]["user_goal"] == "goal (first)"
+    covers = details(result)["covers"]
+    assert covers[1] == result.state.checkpoint["cut"] or covers[1] > 12
