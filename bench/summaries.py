@@ -96,6 +96,8 @@ class Background:
     """The summaries service as the gateway runs it, with the background work done
     between turns."""
 
+    background = True
+
     def __init__(self, summarizer: StandIn, store: MemoryStore) -> None:
         self.summarizer, self.store = summarizer, store
         self.prepared: Checkpoint | None = None
