@@ -79,6 +79,7 @@ def report_headers(request_id: str, report: Report | None, overhead_ms: float) -
 
 _SUMMARY_PATHS: Final = {
     "summarised": "made",
+    "merged": "made",
     "checkpoint reused": "reused",
     "prepared checkpoint used": "prepared",
     "checkpoint extended": "extended",
@@ -102,7 +103,7 @@ def summary_header(report: Report) -> str:
         elif path.startswith("notes kept"):
             parts.append("notes-kept")
         else:
-            parts.append(_SUMMARY_PATHS.get(path, "made"))
+            parts.append(next((v for k, v in _SUMMARY_PATHS.items() if path.startswith(k)), "made"))
     prepare = stage.details.get("prepare")
     if prepare is not None:
         parts.append("prepare=scheduled" if isinstance(prepare, list) else "prepare=skipped")

@@ -135,7 +135,13 @@ class SummaryService:
                     return found
 
     async def _make(
-        self, key: _Key, job: SummaryJob, summarizer: Summarizer, seconds: float
+        self,
+        key: _Key,
+        job: SummaryJob,
+        summarizer: Summarizer,
+        seconds: float,
+        *,
+        background: bool = False,
     ) -> Checkpoint | None:
         """Run ``job`` under the conversation's lock and keep its checkpoint; ``None``
         when another holds the lock (``StoreError`` when the store cannot say). A
@@ -152,8 +158,13 @@ class SummaryService:
             existing = Checkpoint.from_json(await self.records.checkpoint(namespace, conversation))
             if (
                 existing is not None
-                and (existing.start, existing.end, existing.chain)
-                == (job.start, job.end, job.chain)
+                and (
+                    (existing.start, existing.end, existing.chain)
+                    == (job.start, job.end, job.chain)
+                    # A background job made stale by a larger checkpoint made meanwhile (on the
+                    # spot, or by another replica) is dropped rather than shrinking it.
+                    or (background and existing.start == job.start and existing.end > job.end)
+                )
                 and await self._stored(existing, job)
             ):
                 self.counts["reused"] += 1
@@ -194,7 +205,7 @@ class SummaryService:
         while True:
             item = await self._queue.get()
             try:
-                await self._make(item.key, item.job, item.summarizer, item.timeout)
+                await self._make(item.key, item.job, item.summarizer, item.timeout, background=True)
             except (SummaryFailed, StoreError, TimeoutError) as exc:
                 log.warning("background summary failed: %s", str(exc) or "deadline")
             except Exception:

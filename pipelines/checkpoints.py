@@ -75,8 +75,9 @@ class Checkpoint:
     the cut stays, the same checkpoint is applied again, so the prefix does not move."""
     made: dict[str, Any] = field(default_factory=dict)
     """How it was made (model, attempts, retention, guard, dropped tool outputs)."""
-    kept: tuple[int, ...] = ()
-    """Protected messages kept as they are beside the summary when last applied."""
+    kept: tuple[int, ...] | None = None
+    """Protected messages kept as they are beside the summary when last applied
+    (``None``: not known, as in a record written before this was kept)."""
     index: str = ""
     """Ref of the stored list of ``refs``: what the summary message names, one ref
     however many merges the checkpoint has been through."""
@@ -112,7 +113,7 @@ class Checkpoint:
             "refs": list(self.refs),
             "cut": self.cut,
             "made": self.made,
-            "kept": list(self.kept),
+            "kept": list(self.kept) if self.kept is not None else None,
             "index": self.index,
         }
 
@@ -144,7 +145,7 @@ class Checkpoint:
             tuple(refs),
             cut if isinstance(cut, int) else 0,
             made if isinstance(made, dict) else {},
-            tuple(i for i in kept if isinstance(i, int)) if isinstance(kept, list) else (),
+            tuple(i for i in kept if isinstance(i, int)) if isinstance(kept, list) else None,
             index if isinstance(index, str) else "",
         )
 

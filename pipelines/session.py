@@ -74,6 +74,8 @@ class ConversationState:
     as a dict), applied again while compress's cut stays."""
     compacted_cut: int = 0
     """Compress's cut on the previous request (0: it did not cut)."""
+    compacted_pins: tuple[int, ...] = ()
+    """Messages before that cut kept whole because they were protected then."""
     thin_compactions: int = 0
     """Compaction events in a row that each saved under 10% of the request."""
     cold_sent: bool = False
@@ -109,7 +111,10 @@ class ConversationState:
         if not isinstance(raw, dict):
             raise ValueError("a conversation state is a JSON object")
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known
+        }
+        return cls(**values)
 
     def answered(self, *, at: float, usage: Mapping[str, Any] | None = None) -> ConversationState:
         """This state after a request sent upstream at ``at`` with ``usage`` reported."""

@@ -347,6 +347,15 @@ class Compress:
         # Candidates share most of their notes and shortened answers: made once each.
         made: dict[tuple[int, int], Message] = {}
         span_start = span_groups[0].start
+        # The previous request's cut is rendered as it was then: the messages protected
+        # then (a latest user message since followed by another) stay protected at it.
+        previous = ctx.cut("compacted_cut")
+        state_pins = ctx.state.compacted_pins if ctx.state is not None else ()
+        held = protection.indices | frozenset(i for i in state_pins if i < previous)
+
+        def protected_at(cut: int) -> frozenset[int]:
+            return held if cut == previous else protection.indices
+
         for position, group in enumerate(span_groups):
             cumulative += sum(size(m) for m in messages[group.start : group.end])
             if cumulative < boundary * step and position < len(span_groups) - 1:
@@ -354,7 +363,7 @@ class Compress:
             on_grid = cumulative >= boundary * step
             boundary = cumulative // step + 1
             candidate = await self._compact_span(
-                conversation, span_groups[: position + 1], protection.indices, ctx, made
+                conversation, span_groups[: position + 1], protected_at(group.end), ctx, made
             )
             # Only the span changed: its old messages out, its new ones in.
             new_span = candidate.messages[
@@ -374,22 +383,24 @@ class Compress:
             # Not worth breaking the cached prefix for; the next turns will save more.
             ctx.record(skipped_saving=saving, minimum_saving=minimum)
             return conversation
-        previous = ctx.cut("compacted_cut")
         ends = [g.end for g in span_groups]
         if best_cut != previous and previous in ends:
             # A compaction event: moving the cut from where the previous request had it.
             # When such moves keep saving little, the previous cut is kept instead
             # (anti-thrashing), while the request stays under ``emergency``.
             groups = span_groups[: ends.index(previous) + 1]
-            kept = await self._compact_span(conversation, groups, protection.indices, ctx, made)
+            kept = await self._compact_span(conversation, groups, held, ctx, made)
             kept_tokens = ctx.tokens(kept)
             thin = kept_tokens - best_tokens < THIN_SAVING * start_tokens
             thin_before = ctx.cut("thin_compactions")
             if thin and thin_before >= THIN_EVENTS and kept_tokens <= ctx.policy.emergency * budget:
                 ctx.record(cut=previous, span_start=groups[0].start, grid=False, anti_thrash=True)
+                ctx.carry["compacted_pins"] = sorted(i for i in held if span_start <= i < previous)
                 return kept
             ctx.carry["thin_compactions"] = thin_before + 1 if thin else 0
         ctx.record(cut=best_cut, span_start=span_groups[0].start, grid=best_grid)
+        pins = protected_at(best_cut)
+        ctx.carry["compacted_pins"] = sorted(i for i in pins if span_start <= i < best_cut)
         return best
 
     async def _compact_span(

@@ -128,7 +128,9 @@ class Summarize:
         ):
             # Rendered as last time, with the messages it kept as they were kept then
             # (one pinned then may no longer be the latest user message).
-            checkpoint, path, pinned = previous, "checkpoint reused", previous.kept
+            checkpoint, path = previous, "checkpoint reused"
+            if previous.kept is not None:
+                pinned = previous.kept
         elif (
             not ctx.cold
             and state is not None
@@ -170,13 +172,17 @@ class Summarize:
                         ctx.record(path="fallback: the summary's originals are no longer stored")
                         return conversation, None
                     path = "summarised" if found is None else "merged"
-            pinned = tuple(i for i in pinned if start <= i < max(checkpoint.end, cut))
+        pinned = tuple(i for i in pinned if start <= i < max(checkpoint.end, cut))
         try:
             result = await self._replaced(conversation, compacted, checkpoint, pinned, ctx)
         except StoreError:
             ctx.record(path="fallback: store unavailable", store_failures=1)
             return conversation, None
-        if ctx.tokens(result) > max(ctx.tokens(conversation), ctx.policy.trigger * budget):
+        # A new summary must not make the request bigger than compress's notes above the
+        # trigger; one already sent at this cut stays while the request fits (swapping it
+        # for notes would break the cached prefix twice for nothing).
+        ceiling = budget if path == "checkpoint reused" else ctx.policy.trigger * budget
+        if ctx.tokens(result) > max(ctx.tokens(conversation), ceiling):
             ctx.record(path="fallback: the summary is larger than the notes")
             return conversation, None
         checkpoint = checkpoint.applied_at(cut, tuple(pinned))

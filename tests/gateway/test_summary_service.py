@@ -103,3 +103,34 @@ async def test_with_the_store_down_a_summary_fails_fast() -> None:
     elapsed = time.monotonic() - started
     await close(down)
     assert elapsed < 1.0
+
+
+async def test_a_background_job_made_stale_by_a_larger_summary_is_dropped() -> None:
+    """A preparation still queued when a request made a larger summary on the spot does
+    not ask the model again, and does not shrink the conversation's checkpoint."""
+    from gateway.store.conversations import MemoryConversations
+    from pipelines.checkpoints import Checkpoint
+
+    history = [
+        {"role": "user" if n % 2 == 0 else "assistant", "content": f"m{n} IB{n}"} for n in range(20)
+    ]
+
+    def job(end: int) -> SummaryJob:
+        part = tuple(history[:end])
+        return SummaryJob(0, end, chain_of(part), part, part, None, "gpt-4o", "ns", 600)
+
+    summaries = SummaryService(MemoryConversations(), MemoryStore(), workers=1)
+    slow, model = Model(seconds=0.3), Model()
+    key = ("ns", "stale")
+    assert summaries.schedule(("ns", "other"), job(4), slow, 5.0)  # holds the one worker
+    await asyncio.sleep(0.01)
+    assert summaries.schedule(key, job(10), model, 5.0)  # a preparation, queued
+    made = await summaries.now(key, job(16), model, 5.0)  # the cut: made on the spot
+    assert made.end == 16
+    while summaries.busy:
+        await asyncio.sleep(0.02)
+    latest = Checkpoint.from_json(await summaries.records.checkpoint(*key))
+    await summaries.aclose()
+    assert model.calls == 1
+    assert latest is not None
+    assert latest.end == 16

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -467,3 +468,107 @@ async def test_without_background_work_a_summary_is_extended_when_the_cut_moves(
     assert summarizer.calls[1]["previous"]["user_goal"] == "goal (first)"
     covers = details(result)["covers"]
     assert covers[1] == result.state.checkpoint["cut"] or covers[1] > 12
+
+
+async def test_a_record_from_before_kept_was_recorded_keeps_the_pinned_request() -> None:
+    """A checkpoint in a record written without ``kept`` (an older replica) is reused
+    with the protected messages of now: the latest user request is still sent as is."""
+    import dataclasses
+
+    pipeline = isolated(Scripted("loop"), ModelCatalog())
+    history = agent_loop(16)
+    first = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=6_000), now=1_000.0
+    )
+    ask = {"role": "user", "content": "Now please investigate the files."}
+    assert ask in first.request["messages"]
+    older = {k: v for k, v in first.state.checkpoint.items() if k != "kept"}
+    state = dataclasses.replace(first.state, checkpoint=older).answered(at=999.0)
+    again = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history},
+        policy=Policy(max_input=6_000),
+        state=state,
+        now=1_000.0,
+    )
+    assert details(again)["path"] == "checkpoint reused"
+    assert ask in again.request["messages"]
+
+
+async def test_the_summary_moves_the_prefix_only_when_compress_moves_its_cut() -> None:
+    """Replays of the longest trajectories over a range of budgets, background work done
+    between turns, the cache warm: whenever compress keeps its cut (and no emergency
+    shortening acts), the outgoing request starts with the previous one; the summary
+    never swaps itself for notes or another checkpoint in between."""
+    longest = sorted(json.loads(TRACES.read_text()), key=lambda t: -len(t["traj"]))[:3]
+    breaks: list[Any] = []
+    paths: list[Any] = []
+    for trajectory in longest:
+        for budget in range(4_000, 10_001, 250):
+            service = Service(Scripted())
+            pipeline = isolated(None, ModelCatalog())
+            pipeline.store = STORE
+            state, previous = None, None
+            for history in requests_of(trajectory["traj"]):
+                result = await pipeline.compact(
+                    {"model": "gpt-4o", "messages": history},
+                    policy=Policy(max_input=budget),
+                    state=state,
+                    now=1_000.0,
+                    summaries=service,
+                )
+                state = result.state.answered(at=999.0)
+                out = result.request["messages"]
+                compress = result.report.stage("compress")
+                assert compress is not None
+                now = {k: compress.details.get(k) for k in ("level", "cut", "span_start")}
+                emergency = "emergency_shortened" in compress.details
+                paths.append(details(result).get("path"))
+                if previous is not None:
+                    before, was, was_emergency = previous
+                    same = now == was and not (emergency or was_emergency)
+                    if same and out[: len(before) - 1] != before[:-1]:
+                        breaks.append((budget, len(history), paths[-1]))
+                previous = (out, now, emergency)
+                await service.drain()
+    assert breaks == []
+    assert paths.count("checkpoint reused") > 100  # summaries were there to break it
+
+
+async def test_without_summaries_a_once_pinned_request_stays_whole_at_the_same_cut() -> None:
+    """Compress alone: the request that was the latest user message, kept whole inside
+    the span, stays whole when the user writes again and the cut does not move (held by
+    anti-thrashing or chosen again): the prefix moves only at a recorded event. Over a
+    grid of message sizes."""
+    import dataclasses
+    import itertools
+
+    moves = checked = 0
+    for ask, reply, extra, size in itertools.product(
+        (20, 300, 500, 800), (10, 200, 400, 700), (0, 1, 2, 4), (5, 60, 200)
+    ):
+        pipeline = isolated(None, ModelCatalog())
+        policy = Policy(max_input=6_000, mode="truncate")
+        history = agent_loop(16)
+        history[11] = {"role": "user", "content": "Now please investigate: " + words(55, ask)}
+        first = await pipeline.compact({"model": "gpt-4o", "messages": history}, policy=policy)
+        if "cut" not in first.report.stage("compress").details:  # type: ignore[union-attr]
+            continue
+        state = dataclasses.replace(first.state, thin_compactions=2).answered(at=time.time())
+        grown = [
+            *history,
+            {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": "more: " + words(7, reply)},
+        ]
+        for n in range(extra):
+            grown += agent_loop(100 + n + 1)[-2:]  # one more call and its output
+            grown[-2]["tool_calls"][0]["id"] = grown[-1]["tool_call_id"] = f"extra_{n}"
+            grown[-1]["content"] = words(2000 + n, size)
+        again = await pipeline.compact(
+            {"model": "gpt-4o", "messages": grown}, policy=policy, state=state
+        )
+        out = first.request["messages"]
+        checked += 1
+        if not again.report.is_event_after(first.report):
+            moves += again.request["messages"][: len(out) - 1] != out[:-1]
+    assert checked > 50
+    assert moves == 0
