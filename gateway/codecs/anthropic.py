@@ -1,0 +1,350 @@
+"""OpenAI chat <-> Anthropic Messages, as plain data (issue 6, the codec part).
+
+``to_messages`` turns an OpenAI chat completions request into a Messages API request;
+``from_message`` turns a Messages API answer into a chat completion; ``Accumulator`` builds
+that answer from the Messages stream's events. No I/O here: the provider that speaks to
+Anthropic (and the inbound ``/v1/messages`` route) are built on these.
+
+The mapping:
+
+- system and developer messages -> ``system`` (text blocks, in order, ``cache_control``
+  kept); every other message keeps its place.
+- user content: text parts -> text blocks; ``image_url`` parts -> image blocks (a data URL
+  becomes a base64 source, any other URL a url source).
+- assistant: ``thinking_blocks`` (``thinking`` with its signature, ``redacted_thinking``
+  with its data) first, as they came, then text, then each tool call as a ``tool_use``
+  block whose ``input`` is the parsed arguments.
+- tool messages -> ``tool_result`` blocks; consecutive ones, and the user message right
+  after them, form one user turn (the API wants every result of an assistant turn's calls
+  in the next user turn).
+- tools -> ``name``/``description``/``input_schema``; ``tool_choice`` auto/none/required/
+  a named function -> auto/none/any/tool; ``parallel_tool_calls: false`` ->
+  ``disable_parallel_tool_use``.
+- ``max_completion_tokens`` or ``max_tokens`` -> ``max_tokens`` (required by the API: the
+  given default when absent); ``stop`` -> ``stop_sequences``; ``temperature``, ``top_p``,
+  ``stream``; ``user`` or ``metadata.user_id`` -> ``metadata.user_id``.
+
+Answers: text blocks joined into ``content``; ``tool_use`` -> ``tool_calls`` (arguments
+as JSON; a call cut off by the token limit keeps the partial text it got); thinking
+blocks -> ``thinking_blocks`` (lossless, so they can be sent back) and their text as
+``reasoning_content``; stop reasons end_turn/stop_sequence/pause_turn -> stop,
+max_tokens -> length, tool_use -> tool_calls, refusal -> content_filter; usage with the
+cache reads and writes folded into ``prompt_tokens`` and the reads reported as
+``prompt_tokens_details.cached_tokens``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+__all__ = ["Accumulator", "from_message", "to_messages"]
+
+STOP_REASONS: Final = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+_DATA_URL: Final = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.S)
+
+
+def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
+    """The Messages API request for OpenAI chat request ``body``; ``InvalidRequest`` for
+    what cannot be expressed there (a tool call whose arguments are not a JSON object)."""
+    system: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for message in body.get("messages", ()):
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system.extend(_text_blocks(message.get("content")))
+        elif role == "tool":
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id"),
+                "content": _result_content(message.get("content")),
+            }
+            _append(turns, "user", [block], results=True)
+        elif role == "assistant":
+            _append(turns, "assistant", _assistant_blocks(message))
+        else:
+            _append(turns, "user", _user_blocks(message.get("content")))
+    request: dict[str, Any] = {
+        "model": body.get("model"),
+        "max_tokens": body.get("max_completion_tokens")
+        or body.get("max_tokens")
+        or default_max_tokens,
+        "messages": [{"role": t["role"], "content": t["content"]} for t in turns],
+    }
+    if system:
+        request["system"] = system
+    for name in ("temperature", "top_p", "stream"):
+        if body.get(name) is not None:
+            request[name] = body[name]
+    stop = body.get("stop")
+    if stop:
+        request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    tools = body.get("tools")
+    if tools:
+        request["tools"] = [_tool(t) for t in tools]
+    choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
+    if choice is not None:
+        request["tool_choice"] = choice
+    user = body.get("user") or (body.get("metadata") or {}).get("user_id")
+    if isinstance(user, str) and user:
+        request["metadata"] = {"user_id": user}
+    return request
+
+
+def _append(
+    turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], results: bool = False
+) -> None:
+    """Add ``blocks`` as a turn of ``role``, joining the previous turn when it has the same
+    role (tool results and the user message after them make one user turn)."""
+    if turns and turns[-1]["role"] == role:
+        turns[-1]["content"].extend(blocks)
+    else:
+        turns.append({"role": role, "content": list(blocks)})
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks = []
+    for part in content or ():
+        if isinstance(part, Mapping) and part.get("type") == "text":
+            block: dict[str, Any] = {"type": "text", "text": part.get("text", "")}
+            if part.get("cache_control"):
+                block["cache_control"] = part["cache_control"]
+            blocks.append(block)
+    return blocks
+
+
+def _user_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    blocks: list[dict[str, Any]] = []
+    for part in content or ():
+        if not isinstance(part, Mapping):
+            continue
+        if part.get("type") == "image_url":
+            blocks.append(_image(part))
+        else:
+            blocks.extend(_text_blocks([part]))
+    return blocks
+
+
+def _image(part: Mapping[str, Any]) -> dict[str, Any]:
+    image = part.get("image_url")
+    url = image.get("url", "") if isinstance(image, Mapping) else str(image or "")
+    found = _DATA_URL.fullmatch(url)
+    if found is not None:
+        source = {"type": "base64", "media_type": found["type"], "data": found["data"]}
+    else:
+        source = {"type": "url", "url": url}
+    block: dict[str, Any] = {"type": "image", "source": source}
+    if part.get("cache_control"):
+        block["cache_control"] = part["cache_control"]
+    return block
+
+
+def _result_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    return _user_blocks(content)
+
+
+def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = [
+        dict(b) for b in message.get("thinking_blocks") or () if isinstance(b, Mapping)
+    ]
+    blocks.extend(_text_blocks(message.get("content")))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or "{}"
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest(
+                f"tool call {call.get('id')} has arguments that are not a JSON object",
+                param="messages",
+            )
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "input": parsed,
+            }
+        )
+    return blocks
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = tool.get("function") or {}
+    out: dict[str, Any] = {
+        "name": function.get("name"),
+        "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+    }
+    if function.get("description"):
+        out["description"] = function["description"]
+    if tool.get("cache_control"):
+        out["cache_control"] = tool["cache_control"]
+    return out
+
+
+def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
+    if choice is None and parallel is not False:
+        return None
+    if choice == "none":
+        return {"type": "none"}
+    if choice == "required":
+        out: dict[str, Any] = {"type": "any"}
+    elif isinstance(choice, Mapping):
+        out = {"type": "tool", "name": (choice.get("function") or {}).get("name")}
+    else:
+        out = {"type": "auto"}
+    if parallel is False:
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+def from_message(message: Mapping[str, Any], *, created: int = 0) -> dict[str, Any]:
+    """The chat completion for Messages API answer ``message``."""
+    text: list[str] = []
+    thinking: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for block in message.get("content") or ():
+        kind = block.get("type")
+        if kind == "text":
+            text.append(block.get("text", ""))
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(dict(block))
+        elif kind == "tool_use":
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {
+                        "name": block.get("name"),
+                        "arguments": block["partial_json"]
+                        if isinstance(block.get("partial_json"), str)
+                        else orjson.dumps(block.get("input") or {}).decode(),
+                    },
+                }
+            )
+    reply: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        reply["tool_calls"] = calls
+    if thinking:
+        reply["thinking_blocks"] = thinking
+        reasoning = "".join(b.get("thinking", "") for b in thinking if b["type"] == "thinking")
+        if reasoning:
+            reply["reasoning_content"] = reasoning
+    return {
+        "id": message.get("id"),
+        "object": "chat.completion",
+        "created": created,
+        "model": message.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": reply,
+                "logprobs": None,
+                "finish_reason": STOP_REASONS.get(str(message.get("stop_reason")), "stop"),
+            }
+        ],
+        "usage": usage_of(message.get("usage") or {}),
+    }
+
+
+def usage_of(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """OpenAI usage for Anthropic ``usage``: cache reads and writes are input tokens too."""
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + read + written
+    completion = int(usage.get("output_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": read},
+    }
+
+
+class Accumulator:
+    """The Messages API answer built from its stream's events, in order (``add`` each
+    event's data); ``message`` is the answer so far. An ``error`` event is kept as
+    ``error``."""
+
+    __slots__ = ("_json", "error", "message")
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None
+        self._json: dict[int, str] = {}
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "message_start":
+            self.message = dict(event.get("message") or {})
+            self.message["content"] = list(self.message.get("content") or [])
+        elif kind == "content_block_start":
+            block = dict(event.get("content_block") or {})
+            if block.get("type") == "tool_use":
+                self._json[int(event.get("index", 0))] = ""
+            self._blocks().append(block)
+        elif kind == "content_block_delta":
+            self._delta(int(event.get("index", 0)), event.get("delta") or {})
+        elif kind == "content_block_stop":
+            index = int(event.get("index", 0))
+            partial = self._json.pop(index, None)
+            if partial is not None:
+                self._blocks()[index]["input"] = orjson.loads(partial) if partial else {}
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            self.message.update({k: v for k, v in delta.items() if v is not None})
+            usage = dict(self.message.get("usage") or {})
+            usage.update(event.get("usage") or {})
+            self.message["usage"] = usage
+        elif kind == "message_stop":
+            self.finish()
+        elif kind == "error":
+            self.error = dict(event.get("error") or {})
+
+    def finish(self) -> None:
+        """End the blocks the stream left open: a tool call whose input was cut off (the
+        answer ran out of tokens) keeps the text it got as ``partial_json``."""
+        for index, partial in sorted(self._json.items()):
+            block = self._blocks()[index]
+            try:
+                block["input"] = orjson.loads(partial) if partial else {}
+            except orjson.JSONDecodeError:
+                block["input"] = {}
+                block["partial_json"] = partial
+        self._json.clear()
+
+    def _blocks(self) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = self.message.setdefault("content", [])
+        return blocks
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self._blocks()[index]
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+        elif kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta.get("signature", "")
+        elif kind == "input_json_delta":
+            self._json[index] = self._json.get(index, "") + delta.get("partial_json", "")

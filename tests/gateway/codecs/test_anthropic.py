@@ -1,0 +1,241 @@
+"""The OpenAI <-> Anthropic Messages codec: tau-bench histories become valid Messages
+requests (every tool call answered in the next user turn), images and thinking blocks
+survive, and the recorded Messages streams of the Anthropic SDK's test suite become the
+chat completions an OpenAI client expects."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bench.compaction import requests_of
+from gateway.codecs.anthropic import Accumulator, from_message, to_messages
+from gateway.errors import InvalidRequest
+
+ROOT = Path(__file__).resolve().parents[3]
+TRACES = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
+STREAMS = ROOT / "tests" / "fixtures" / "anthropic-sse"
+
+
+def recorded(name: str) -> dict[str, Any]:
+    """The answer a recorded stream adds up to."""
+    accumulator = Accumulator()
+    for line in (STREAMS / name).read_text().splitlines():
+        if line.startswith("data: "):
+            accumulator.add(orjson.loads(line[6:]))
+    return accumulator.message
+
+
+def test_every_tau_bench_history_becomes_a_valid_messages_request() -> None:
+    for trajectory in json.loads(TRACES.read_text())[:40]:
+        history = requests_of(trajectory["traj"])[-1]
+        request = to_messages({"model": "claude-sonnet-4", "messages": history})
+        assert request["system"][0]["text"] == history[0]["content"]
+        turns = request["messages"]
+        assert turns[0]["role"] == "user"
+        assert all(a["role"] != b["role"] for a, b in itertools.pairwise(turns))
+        for index, turn in enumerate(turns):
+            calls = [b["id"] for b in turn["content"] if b["type"] == "tool_use"]
+            if calls:
+                answers = [
+                    b["tool_use_id"]
+                    for b in turns[index + 1]["content"]
+                    if b["type"] == "tool_result"
+                ]
+                assert answers == calls
+        sent_calls = sum(len(m.get("tool_calls") or ()) for m in history)
+        blocks = [b for t in turns for b in t["content"]]
+        assert sum(b["type"] == "tool_use" for b in blocks) == sent_calls
+        assert sum(b["type"] == "tool_result" for b in blocks) == sum(
+            m["role"] == "tool" for m in history
+        )
+
+
+def test_parameters_tools_and_choices_map_across() -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather now.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    body = {
+        "model": "claude-sonnet-4",
+        "messages": [{"role": "user", "content": "Paris?"}],
+        "tools": [tool],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_completion_tokens": 300,
+        "stop": "END",
+        "temperature": 0.2,
+        "user": "u-42",
+    }
+    request = to_messages(body)
+    assert request["tools"] == [
+        {
+            "name": "get_weather",
+            "input_schema": tool["function"]["parameters"],
+            "description": "Weather now.",
+        }
+    ]
+    assert request["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert request["max_tokens"] == 300
+    assert request["stop_sequences"] == ["END"]
+    assert request["temperature"] == 0.2
+    assert request["metadata"] == {"user_id": "u-42"}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert to_messages({**body, "tool_choice": named, "parallel_tool_calls": None})[
+        "tool_choice"
+    ] == {"type": "tool", "name": "get_weather"}
+    assert "max_tokens" in to_messages({"model": "m", "messages": body["messages"]})
+
+
+INLINE = "data:image/png;base64,iVBORw0K"
+
+
+def test_images_become_base64_or_url_sources() -> None:
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What differs?"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": "data:image/png;base64,iVBORw0K"},
+                        },
+                        {"type": "image_url", "image_url": {"url": "https://example.com/b.png"}},
+                    ],
+                }
+            ],
+        }
+    )
+    text, inline, linked = request["messages"][0]["content"]
+    assert text == {"type": "text", "text": "What differs?"}
+    assert inline["source"] == {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}
+    assert linked["source"] == {"type": "url", "url": "https://example.com/b.png"}
+
+
+PARIS = {"city": "Paris"}
+
+
+def test_thinking_blocks_go_out_and_come_back_unchanged() -> None:
+    answer = {
+        "id": "msg_1",
+        "model": "claude-sonnet-4",
+        "content": [
+            {"type": "thinking", "thinking": "The user wants Paris.", "signature": "sig=="},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Checking."},
+            {
+                "type": "tool_use",
+                "id": "toolu_1",
+                "name": "get_weather",
+                "input": {"city": "Paris"},
+            },
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    completion = from_message(answer)
+    reply = completion["choices"][0]["message"]
+    assert completion["choices"][0]["finish_reason"] == "tool_calls"
+    assert reply["reasoning_content"] == "The user wants Paris."
+    assert reply["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }
+    following = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                reply,
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "18 C"},
+            ],
+        }
+    )
+    assert following["messages"][1]["content"] == answer["content"]
+    assert following["messages"][2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}
+    ]
+
+
+def test_arguments_that_are_not_an_object_are_refused() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2"}}
+    with pytest.raises(InvalidRequest, match="c1"):
+        to_messages(
+            {
+                "model": "claude-sonnet-4",
+                "messages": [
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                ],
+            }
+        )
+
+
+def test_a_recorded_tool_use_stream_becomes_a_tool_call() -> None:
+    message = recorded("tool_use_response.txt")
+    completion = from_message(message)
+    choice = completion["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "I'll check the current weather in Paris for you."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == message["content"][1]["input"]
+    assert "Paris" in call["function"]["arguments"]
+    usage = completion["usage"]
+    assert usage["prompt_tokens"] == 377
+    assert usage["completion_tokens"] == message["usage"]["output_tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+@pytest.mark.parametrize(
+    ("name", "finish"),
+    [
+        ("basic_response.txt", "stop"),
+        ("refusal_response.txt", "content_filter"),
+        ("incomplete_partial_json_response.txt", "length"),
+    ],
+)
+def test_recorded_streams_end_with_the_right_finish_reason(name: str, finish: str) -> None:
+    completion = from_message(recorded(name))
+    assert completion["choices"][0]["finish_reason"] == finish
+    assert completion["object"] == "chat.completion"
+
+
+def test_a_tool_call_cut_off_by_the_token_limit_keeps_what_it_got() -> None:
+    completion = from_message(recorded("incomplete_partial_json_response.txt"))
+    (call,) = completion["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"].startswith('{"filename": "taxes.txt"')
+    assert call["function"]["arguments"].endswith("Filing taxes")
+
+
+def test_cache_reads_and_writes_count_as_prompt_tokens() -> None:
+    usage = from_message(
+        {
+            "content": [{"type": "text", "text": "ok"}],
+            "stop_reason": "end_turn",
+            "usage": {
+                "input_tokens": 20,
+                "cache_read_input_tokens": 3_000,
+                "cache_creation_input_tokens": 500,
+                "output_tokens": 7,
+            },
+        }
+    )["usage"]
+    assert usage == {
+        "prompt_tokens": 3_520,
+        "completion_tokens": 7,
+        "total_tokens": 3_527,
+        "prompt_tokens_details": {"cached_tokens": 3_000},
+    }
