@@ -16,6 +16,7 @@ import pytest
 from bench.compaction import requests_of
 from gateway.codecs.anthropic import Accumulator, from_message, to_messages
 from gateway.errors import InvalidRequest
+from tests.mock_upstream import MockUpstream, SSEReply
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACES = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
@@ -239,3 +240,49 @@ def test_cache_reads_and_writes_count_as_prompt_tokens() -> None:
         "total_tokens": 3_527,
         "prompt_tokens_details": {"cached_tokens": 3_000},
     }
+
+
+def events_of(name: str) -> list[bytes]:
+    data = (STREAMS / name).read_bytes()
+    return [part + b"\n\n" for part in data.split(b"\n\n") if part.strip()]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "basic_response.txt",
+        "tool_use_response.txt",
+        "refusal_response.txt",
+        "incomplete_partial_json_response.txt",
+    ],
+)
+def test_the_accumulated_answer_is_what_the_anthropic_sdk_makes_of_the_stream(
+    upstream: MockUpstream, name: str
+) -> None:
+    """The official SDK, reading the recorded stream from the mock over HTTP, ends with the
+    same text, tool calls (name, id, input), stop reason and usage as the codec."""
+    import anthropic
+
+    upstream.push(SSEReply(events_of(name)))
+    client = anthropic.Anthropic(
+        base_url=upstream.base_url.removesuffix("/v1"), api_key="sk-ant-test", max_retries=0
+    )
+    with client.messages.stream(
+        model="claude-sonnet-4", max_tokens=100, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        final = stream.get_final_message()
+    ours = recorded(name)
+    theirs = final.model_dump(mode="json", exclude_none=True)
+    assert ours["stop_reason"] == theirs["stop_reason"]
+    assert ours["usage"]["output_tokens"] == theirs["usage"]["output_tokens"]
+    assert ours["usage"]["input_tokens"] == theirs["usage"]["input_tokens"]
+    assert [b["type"] for b in ours["content"]] == [b["type"] for b in theirs["content"]]
+    for mine, sdk in zip(ours["content"], theirs["content"], strict=True):
+        if mine["type"] == "text":
+            assert mine["text"] == sdk["text"]
+        if mine["type"] == "tool_use" and "partial_json" not in mine:
+            assert (mine["id"], mine["name"], mine["input"]) == (
+                sdk["id"],
+                sdk["name"],
+                sdk["input"],
+            )
