@@ -2,7 +2,8 @@
 
 ``to_messages`` turns an OpenAI chat completions request into a Messages API request;
 ``from_message`` turns a Messages API answer into a chat completion; ``Accumulator`` builds
-that answer from the Messages stream's events. No I/O here: the provider that speaks to
+that answer from the Messages stream's events, and ``ChunkTranslator`` turns the same
+events into OpenAI stream chunks as they arrive. No I/O here: the provider that speaks to
 Anthropic (and the inbound ``/v1/messages`` route) are built on these.
 
 The mapping:
@@ -43,7 +44,7 @@ import orjson
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["Accumulator", "from_message", "to_messages"]
+__all__ = ["Accumulator", "ChunkTranslator", "from_message", "to_messages"]
 
 STOP_REASONS: Final = {
     "end_turn": "stop",
@@ -348,3 +349,94 @@ class Accumulator:
             block["signature"] = block.get("signature", "") + delta.get("signature", "")
         elif kind == "input_json_delta":
             self._json[index] = self._json.get(index, "") + delta.get("partial_json", "")
+
+
+class ChunkTranslator:
+    """Messages stream events -> OpenAI ``chat.completion.chunk`` objects, as they arrive.
+
+    ``add(event)`` returns the chunks an event makes (often none); text, reasoning and
+    tool-call argument deltas pass through at once, tool calls numbered in the order they
+    start. ``message_delta`` gives the chunk with the finish reason and, when
+    ``include_usage``, a last chunk with the usage and no choices. An ``error`` event gives
+    ``{"error": ...}``, which the caller sends as the terminal event."""
+
+    __slots__ = ("_calls", "_thinking", "created", "id", "include_usage", "model", "usage")
+
+    def __init__(self, *, created: int = 0, include_usage: bool = False) -> None:
+        self.created, self.include_usage = created, include_usage
+        self.id, self.model = "", ""
+        self.usage: dict[str, Any] = {}
+        self._calls: dict[int, int] = {}
+        """Block index -> tool call index."""
+        self._thinking: dict[int, dict[str, Any]] = {}
+
+    def add(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            self.id, self.model = str(message.get("id", "")), str(message.get("model", ""))
+            self.usage = dict(message.get("usage") or {})
+            return [self._chunk({"role": "assistant", "content": ""})]
+        if kind == "content_block_start":
+            return self._start(int(event.get("index", 0)), event.get("content_block") or {})
+        if kind == "content_block_delta":
+            return self._delta(int(event.get("index", 0)), event.get("delta") or {})
+        if kind == "content_block_stop":
+            block = self._thinking.pop(int(event.get("index", 0)), None)
+            return [self._chunk({"thinking_blocks": [block]})] if block is not None else []
+        if kind == "message_delta":
+            self.usage.update(event.get("usage") or {})
+            reason = (event.get("delta") or {}).get("stop_reason")
+            chunks = [self._chunk({}, STOP_REASONS.get(str(reason), "stop"))]
+            if self.include_usage:
+                chunks.append({**self._chunk({}), "choices": [], "usage": usage_of(self.usage)})
+            return chunks
+        if kind == "error":
+            return [{"error": dict(event.get("error") or {})}]
+        return []
+
+    def _start(self, index: int, block: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind = block.get("type")
+        if kind == "tool_use":
+            number = self._calls[index] = len(self._calls)
+            call = {
+                "index": number,
+                "id": block.get("id"),
+                "type": "function",
+                "function": {"name": block.get("name"), "arguments": ""},
+            }
+            return [self._chunk({"tool_calls": [call]})]
+        if kind in ("thinking", "redacted_thinking"):
+            self._thinking[index] = dict(block)
+        if kind == "text" and block.get("text"):
+            return [self._chunk({"content": block["text"]})]
+        return []
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> list[dict[str, Any]]:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            return [self._chunk({"content": delta.get("text", "")})]
+        if kind == "thinking_delta":
+            block = self._thinking.setdefault(index, {"type": "thinking", "thinking": ""})
+            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+            return [self._chunk({"reasoning_content": delta.get("thinking", "")})]
+        if kind == "signature_delta":
+            block = self._thinking.setdefault(index, {"type": "thinking", "thinking": ""})
+            block["signature"] = block.get("signature", "") + delta.get("signature", "")
+            return []
+        if kind == "input_json_delta" and index in self._calls:
+            call = {
+                "index": self._calls[index],
+                "function": {"arguments": delta.get("partial_json", "")},
+            }
+            return [self._chunk({"tool_calls": [call]})]
+        return []
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }

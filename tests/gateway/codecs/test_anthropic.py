@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from bench.compaction import requests_of
-from gateway.codecs.anthropic import Accumulator, from_message, to_messages
+from gateway.codecs.anthropic import Accumulator, ChunkTranslator, from_message, to_messages
 from gateway.errors import InvalidRequest
 from tests.mock_upstream import MockUpstream, SSEReply
 
@@ -286,3 +286,87 @@ def test_the_accumulated_answer_is_what_the_anthropic_sdk_makes_of_the_stream(
                 sdk["name"],
                 sdk["input"],
             )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "basic_response.txt",
+        "tool_use_response.txt",
+        "refusal_response.txt",
+        "incomplete_partial_json_response.txt",
+    ],
+)
+def test_the_stream_translated_to_chunks_adds_up_to_the_same_completion(name: str) -> None:
+    """The chunks made event by event, read by the OpenAI SDK's own stream accumulator,
+    end with the text, tool calls, finish reason and usage of the whole answer."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    translator = ChunkTranslator(include_usage=True)
+    state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+    usage = None
+    for line in (STREAMS / name).read_text().splitlines():
+        if not line.startswith("data: "):
+            continue
+        for chunk in translator.add(orjson.loads(line[6:])):
+            parsed = ChatCompletionChunk.model_validate(chunk)
+            if parsed.usage is not None:
+                usage = parsed.usage.model_dump(exclude_none=True)
+            state.handle_chunk(parsed)
+    final = state.current_completion_snapshot.choices[0]
+    expected = from_message(recorded(name))
+    reply = expected["choices"][0]["message"]
+    assert final.finish_reason == expected["choices"][0]["finish_reason"]
+    assert (final.message.content or None) == reply["content"]
+    streamed = [
+        (c.id, c.function.name, _arguments(c.function.arguments))
+        for c in final.message.tool_calls or ()
+    ]
+    whole = [
+        (c["id"], c["function"]["name"], _arguments(c["function"]["arguments"]))
+        for c in reply.get("tool_calls", ())
+    ]
+    assert streamed == whole
+    assert usage == expected["usage"]
+
+
+def _arguments(text: str) -> Any:
+    """Arguments compared as JSON where they are JSON (whitespace aside), else as text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def test_streamed_thinking_comes_as_reasoning_and_one_lossless_block() -> None:
+    def delta(index: int, **fields: str) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": index, "delta": fields}
+
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "msg_t", "model": "claude", "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking"}},
+        delta(0, type="thinking_delta", thinking="Paris "),
+        delta(0, type="thinking_delta", thinking="in May."),
+        delta(0, type="signature_delta", signature="c2ln"),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        delta(1, type="text_delta", text="Mild."),
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
+        {"type": "message_stop"},
+    ]
+    translator, accumulator = ChunkTranslator(), Accumulator()
+    chunks = []
+    for event in events:
+        chunks.extend(translator.add(event))
+        accumulator.add(event)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Paris in May."
+    assert "".join(d.get("content", "") for d in deltas) == "Mild."
+    (blocks,) = [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d]
+    assert blocks == [accumulator.message["content"][0]]
+    assert blocks[0]["signature"] == "c2ln"
+    assert translator.add({"type": "error", "error": {"type": "overloaded_error"}}) == [
+        {"error": {"type": "overloaded_error"}}
+    ]
