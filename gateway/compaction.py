@@ -79,7 +79,7 @@ async def compact_request(request: Request[Any, Any, Any], *, dry_run: bool = Fa
             None
             if dry_run
             else UpstreamSummarizer(
-                gateway.upstream,
+                gateway.upstream_for(policy.summary_model or str(body.get("model", ""))),
                 headers,
                 timeout=policy.summary_timeout,
                 breaker=gateway.summary_breaker,

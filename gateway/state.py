@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from gateway.anthropic import AnthropicUpstream
 from gateway.settings import Settings
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
 from gateway.summaries import SummaryService
 from gateway.tenants import Tenants
-from gateway.upstream import Upstream
+from gateway.upstream import ChatUpstream, Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 
 __all__ = ["Gateway", "new_request_id"]
@@ -35,11 +36,19 @@ class Gateway:
     stores: Stores
     tenants: Tenants
     summaries: SummaryService
+    anthropic: AnthropicUpstream
     summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
     structured_refused: set[str] = field(default_factory=set)
     """Models whose provider refused structured output for summaries."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def upstream_for(self, model: str) -> ChatUpstream:
+        """Where requests for ``model`` go: the built-in Anthropic provider for the
+        catalog's Anthropic family (``claude-*``), the OpenAI-compatible upstream else."""
+        if self.pipeline.catalog.lookup(model).family == "anthropic":
+            return self.anthropic
+        return self.upstream
 
     def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
         """Store a conversation's record in the background (the answer is not held up)."""
@@ -62,6 +71,7 @@ class Gateway:
             default_policy=settings.default_policy(),
             stores=stores,
             tenants=Tenants(settings),
+            anthropic=AnthropicUpstream(settings.anthropic, settings.upstream),
             summaries=SummaryService(
                 stores.conversations,
                 stores.objects,
@@ -84,4 +94,5 @@ class Gateway:
         if self._writes:
             await asyncio.wait(self._writes, timeout=1.0)
         await self.upstream.aclose()
+        await self.anthropic.aclose()
         await self.stores.aclose()

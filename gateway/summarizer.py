@@ -19,7 +19,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.store.redis import CircuitBreaker
-from gateway.upstream import Upstream, is_context_overflow
+from gateway.upstream import ChatUpstream, is_context_overflow
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
     MIN_RETENTION,
@@ -56,7 +56,7 @@ class UpstreamSummarizer:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: ChatUpstream,
         headers: Mapping[str, str],
         *,
         timeout: float = 20.0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 import httpx
@@ -23,9 +23,12 @@ from gateway.sse import sse_events
 __all__ = [
     "HOP_BY_HOP",
     "OVERFLOW_PHRASES",
+    "ChatUpstream",
     "Upstream",
     "is_context_overflow",
+    "read_response",
     "relayable_response_headers",
+    "response_events",
     "upstream_request_headers",
 ]
 
@@ -82,6 +85,27 @@ def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
         for name, value in headers.multi_items()
         if name.lower() not in _NOT_RELAYED and not name.lower().startswith("x-contextgate-")
     ]
+
+
+class ChatUpstream(Protocol):
+    """What the chat route sends a chat request to: an OpenAI-compatible upstream, or a
+    provider translating to its own API (``gateway.anthropic``)."""
+
+    settings: UpstreamSettings
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response: ...
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes: ...
+
+    def events(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
 
 
 class Upstream:
@@ -148,36 +172,12 @@ class Upstream:
 
     async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
         """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with _mapped(
-                "stopped sending its response", "broke off its response", UpstreamUnreachable
-            ):
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if limit is not None and size >= limit:
-                        break
-        finally:
-            await response.aclose()
-        body = b"".join(chunks)
-        return body if limit is None else body[:limit]
+        return await read_response(response, limit)
 
-    async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
+    def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The server-sent events of ``response``, each whole; the response is closed when
         the iteration ends, however it ends."""
-        try:
-            with _mapped(
-                "stopped sending in the middle of the stream",
-                "broke the stream off",
-                UpstreamStreamBroken,
-            ):
-                async for event in sse_events(response.aiter_bytes()):
-                    yield event
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+        return response_events(response)
 
     async def aclose(self) -> None:
         for client in self._clients:
@@ -195,6 +195,39 @@ def _mapped(
         raise UpstreamTimeout(f"The upstream {timed_out} ({type(exc).__name__}).") from exc
     except httpx.HTTPError as exc:
         raise broken(f"The upstream {broke} ({type(exc).__name__}).") from exc
+
+
+async def read_response(response: httpx.Response, limit: int | None = None) -> bytes:
+    """The rest of ``response``'s body (at most ``limit`` bytes); the response is closed."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with _mapped("stopped sending its response", "broke off its response", UpstreamUnreachable):
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if limit is not None and size >= limit:
+                    break
+    finally:
+        await response.aclose()
+    body = b"".join(chunks)
+    return body if limit is None else body[:limit]
+
+
+async def response_events(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The server-sent events of ``response``, each whole; closed however the iteration
+    ends."""
+    try:
+        with _mapped(
+            "stopped sending in the middle of the stream",
+            "broke the stream off",
+            UpstreamStreamBroken,
+        ):
+            async for event in sse_events(response.aiter_bytes()):
+                yield event
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
 
 
 def _per_shard(total: int | None, shards: int) -> int | None:

@@ -315,7 +315,7 @@ class Accumulator:
             delta = event.get("delta") or {}
             self.message.update({k: v for k, v in delta.items() if v is not None})
             usage = dict(self.message.get("usage") or {})
-            usage.update(event.get("usage") or {})
+            usage.update({k: v for k, v in (event.get("usage") or {}).items() if v is not None})
             self.message["usage"] = usage
         elif kind == "message_stop":
             self.finish()
@@ -385,7 +385,9 @@ class ChunkTranslator:
             block = self._thinking.pop(int(event.get("index", 0)), None)
             return [self._chunk({"thinking_blocks": [block]})] if block is not None else []
         if kind == "message_delta":
-            self.usage.update(event.get("usage") or {})
+            self.usage.update(
+                {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
+            )
             reason = (event.get("delta") or {}).get("stop_reason")
             chunks = [self._chunk({}, STOP_REASONS.get(str(reason), "stop"))]
             if self.include_usage:

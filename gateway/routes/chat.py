@@ -43,7 +43,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     chat = await compact_request(request)
     headers = upstream_request_headers(request.headers.items(), chat.caller.upstream_key)
     headers["content-type"] = "application/json"
-    upstream = gateway.upstream
+    upstream = gateway.upstream_for(str(chat.body.get("model", "")))
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
@@ -138,7 +138,7 @@ def _resend(
     headers: dict[str, str],
     request: Request[Any, Any, Any],
 ) -> Callable[[list[dict[str, Any]]], Awaitable[bytes]]:
-    upstream = gateway.upstream
+    upstream = gateway.upstream_for(str(outgoing.get("model", "")))
 
     async def resend(extra: list[dict[str, Any]]) -> bytes:
         response = await upstream.send(
@@ -156,7 +156,7 @@ def _resend(
 def _resend_stream(
     gateway: Gateway, outgoing: dict[str, Any], headers: dict[str, str]
 ) -> Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]]:
-    upstream = gateway.upstream
+    upstream = gateway.upstream_for(str(outgoing.get("model", "")))
 
     async def resend(extra: list[dict[str, Any]]) -> tuple[bytes, AsyncIterator[bytes]]:
         response = await upstream.send(
