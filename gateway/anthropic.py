@@ -19,7 +19,7 @@ the middle of a stream ends it with one ``{"error": ...}`` event.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import anthropic
@@ -28,13 +28,15 @@ import httpx2
 import orjson
 
 from gateway.codecs.anthropic import ChunkTranslator, from_message, to_messages
-from gateway.errors import UpstreamTimeout, UpstreamUnreachable
+from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import AnthropicSettings, UpstreamSettings
 from gateway.upstream import read_response, response_events
 
 __all__ = ["AnthropicUpstream"]
 
 _PASSED: Final = ("anthropic-version", "anthropic-beta")
+_RELAYED: Final = frozenset({"retry-after", "retry-after-ms", "request-id"})
+"""Headers of an Anthropic error answer the client should see (its SDK's backoff)."""
 _ERROR_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -46,26 +48,39 @@ _ERROR_TYPES: Final = {
 
 
 class AnthropicUpstream:
-    __slots__ = ("_client", "default_max_tokens", "settings")
+    __slots__ = ("_client", "max_tokens_for", "settings")
 
     def __init__(
         self,
         settings: AnthropicSettings,
         upstream: UpstreamSettings,
         *,
-        default_max_tokens: int = 8_192,
+        max_tokens_for: Callable[[str], int] = lambda model: 8_192,
     ) -> None:
         self.settings = upstream
-        """The upstream limits that apply here too (error body size, timeouts)."""
-        self.default_max_tokens = default_max_tokens
+        """The upstream limits that apply here too (error body size, timeouts, pool)."""
+        self.max_tokens_for = max_tokens_for
+        """``max_tokens`` for a request that gives none (the API requires it): the
+        catalog's output limit for the model."""
         timeout = httpx2.Timeout(
             connect=upstream.connect_timeout,
             read=upstream.read_timeout,
             write=upstream.write_timeout,
             pool=upstream.pool_timeout,
         )
+        limits = httpx2.Limits(
+            max_connections=upstream.max_connections,
+            max_keepalive_connections=upstream.max_keepalive_connections,
+            keepalive_expiry=upstream.keepalive_expiry,
+        )
         # The SDK's own HTTP library (it carries its own copy of httpx).
-        http = httpx2.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
+        http = httpx2.AsyncClient(
+            timeout=timeout,
+            limits=limits,
+            transport=httpx2.AsyncHTTPTransport(limits=limits, retries=0),
+            follow_redirects=False,
+            trust_env=False,
+        )
         self._client = anthropic.AsyncAnthropic(
             api_key="unset",
             base_url=settings.base_url,
@@ -85,7 +100,8 @@ class AnthropicUpstream:
     ) -> httpx.Response:
         """The OpenAI answer to the OpenAI chat request in ``content``."""
         body = orjson.loads(content or b"{}")
-        request = to_messages(body, default_max_tokens=self.default_max_tokens)
+        model = str(body.get("model", ""))
+        request = to_messages(body, default_max_tokens=self.max_tokens_for(model))
         streamed = bool(request.pop("stream", False))
         client = self._client.with_options(api_key=_key(headers))
         extra = {name: headers[name] for name in _PASSED if name in headers}
@@ -105,7 +121,16 @@ class AnthropicUpstream:
                 )
             message = await messages.create(**request, extra_headers=extra)
         except anthropic.APIStatusError as exc:
-            return httpx.Response(exc.status_code, content=_error_body(exc))
+            relayed = {
+                name: value
+                for name, value in exc.response.headers.items()
+                if name.lower() in _RELAYED or name.lower().startswith("anthropic-ratelimit-")
+            }
+            return httpx.Response(
+                exc.status_code,
+                headers={**relayed, "content-type": "application/json"},
+                content=_error_body(exc),
+            )
         except anthropic.APITimeoutError as exc:
             raise UpstreamTimeout("The upstream did not answer in time.") from exc
         except anthropic.APIConnectionError as exc:
@@ -152,6 +177,16 @@ class _Chunks(httpx.AsyncByteStream):
             async for event in self.events:
                 for chunk in self.translator.add(event.model_dump(mode="json")):
                     yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        except httpx2.TimeoutException as exc:
+            # The SDK does not wrap transport errors met while a stream is read: they are
+            # the gateway's own upstream errors (a terminal event, or 502/504 before any).
+            raise UpstreamTimeout(
+                f"The upstream stopped sending in the middle of the stream ({type(exc).__name__})."
+            ) from exc
+        except httpx2.HTTPError as exc:
+            raise UpstreamStreamBroken(
+                f"The upstream broke the stream off ({type(exc).__name__})."
+            ) from exc
         except anthropic.APIStatusError as exc:
             yield b"data: " + _error_body(exc) + b"\n\n"
             return

@@ -74,12 +74,18 @@ async def compact_request(request: Request[Any, Any, Any], *, dry_run: bool = Fa
     state = await gateway.stores.conversations.get(namespace, conversation)
     summaries = None
     if gateway.settings.summaries and policy.mode == "summarize":
-        headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
+        summary_model = policy.summary_model or str(body.get("model", ""))
+        try:
+            key = gateway.upstream_key(caller, summary_model)
+        except InvalidRequest:
+            dry_run = True  # no credentials for the summary model: checkpoints only
+            key = None
+        headers = upstream_request_headers(request.headers.items(), key)
         summarizer = (
             None
             if dry_run
             else UpstreamSummarizer(
-                gateway.upstream_for(policy.summary_model or str(body.get("model", ""))),
+                gateway.upstream_for(summary_model),
                 headers,
                 timeout=policy.summary_timeout,
                 breaker=gateway.summary_breaker,

@@ -392,6 +392,10 @@ async def stream(
                     continue
                 choice = choices[0]
                 delta = choice.get("delta") or {}
+                if stats.rounds:
+                    # A later round is the same answer to the client: its role chunk would
+                    # make an SDK's accumulated role "assistantassistant".
+                    delta.pop("role", None)
                 if isinstance(delta.get("content"), str):
                     text.append(delta["content"])
                 deltas = delta.pop("tool_calls", None)

@@ -77,9 +77,16 @@ class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The built-in Anthropic provider."""
+    """The built-in Anthropic provider (``claude-*`` models)."""
 
     base_url: str = "https://api.anthropic.com"
+    api_key: str | None = None
+    """The Anthropic key (``CONTEXTGATE_ANTHROPIC_API_KEY``); ``None``: in passthrough
+    mode the caller's own key goes, with tenants ``claude-*`` models are refused. The
+    OpenAI upstream's key is never sent to Anthropic."""
+    enabled: bool = True
+    """``false``: ``claude-*`` models go to the OpenAI-compatible upstream like any other
+    (a proxy that serves them in OpenAI form)."""
 
 
 class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -251,6 +258,7 @@ def load_settings(
     overrides = {
         ("upstream", "base_url"): env.get("CONTEXTGATE_UPSTREAM_BASE_URL"),
         ("anthropic", "base_url"): env.get("CONTEXTGATE_ANTHROPIC_BASE_URL"),
+        ("anthropic", "api_key"): env.get("CONTEXTGATE_ANTHROPIC_API_KEY"),
         ("redis_url",): env.get("REDIS_URL"),
         ("store", "secret"): env.get("CONTEXTGATE_STORE_SECRET"),
     }

@@ -6,10 +6,12 @@ import asyncio
 import gc
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
 from gateway.anthropic import AnthropicUpstream
+from gateway.errors import InvalidRequest
 from gateway.settings import Settings
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
@@ -17,6 +19,9 @@ from gateway.summaries import SummaryService
 from gateway.tenants import Tenants
 from gateway.upstream import ChatUpstream, Upstream
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
+
+if TYPE_CHECKING:
+    from gateway.auth import Caller
 
 __all__ = ["Gateway", "new_request_id"]
 
@@ -44,11 +49,34 @@ class Gateway:
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def upstream_for(self, model: str) -> ChatUpstream:
-        """Where requests for ``model`` go: the built-in Anthropic provider for the
-        catalog's Anthropic family (``claude-*``), the OpenAI-compatible upstream else."""
-        if self.pipeline.catalog.lookup(model).family == "anthropic":
+        """Where requests for ``model`` go: the built-in Anthropic provider for Anthropic
+        model names (``claude-*``, no provider prefix: ``anthropic/claude-...`` is a
+        router's name and goes to the OpenAI-compatible upstream), unless it is disabled;
+        the OpenAI-compatible upstream else."""
+        if (
+            self.settings.anthropic.enabled
+            and model.startswith("claude")
+            and self.pipeline.catalog.lookup(model).family == "anthropic"
+        ):
             return self.anthropic
         return self.upstream
+
+    def upstream_key(self, caller: Caller, model: str) -> str | None:
+        """The key to send instead of the caller's for ``model`` (``None``: the caller's
+        own). The Anthropic provider gets ``anthropic.api_key``, or in passthrough mode the
+        caller's own key; never the OpenAI upstream's key nor a tenant's gateway key."""
+        if self.upstream_for(model) is not self.anthropic:
+            return caller.upstream_key
+        if self.settings.anthropic.api_key:
+            return self.settings.anthropic.api_key
+        if caller.tenant is not None:
+            raise InvalidRequest(
+                f"{model} is served by Anthropic, and this gateway has no Anthropic key"
+                " (anthropic.api_key)",
+                code="provider_not_configured",
+                param="model",
+            )
+        return None
 
     def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
         """Store a conversation's record in the background (the answer is not held up)."""
@@ -71,7 +99,11 @@ class Gateway:
             default_policy=settings.default_policy(),
             stores=stores,
             tenants=Tenants(settings),
-            anthropic=AnthropicUpstream(settings.anthropic, settings.upstream),
+            anthropic=AnthropicUpstream(
+                settings.anthropic,
+                settings.upstream,
+                max_tokens_for=lambda model: catalog.lookup(model).output_reserve,
+            ),
             summaries=SummaryService(
                 stores.conversations,
                 stores.objects,

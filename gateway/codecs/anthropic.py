@@ -77,6 +77,9 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
             _append(turns, "assistant", _assistant_blocks(message))
         else:
             _append(turns, "user", _user_blocks(message.get("content")))
+    # The API refuses empty turns (an assistant answer that was empty, a user message of
+    # parts it cannot carry): they are left out, their neighbours joined.
+    turns = _joined([t for t in turns if t["content"]])
     request: dict[str, Any] = {
         "model": body.get("model"),
         "max_tokens": body.get("max_completion_tokens")
@@ -115,12 +118,22 @@ def _append(
         turns.append({"role": role, "content": list(blocks)})
 
 
+def _joined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        if out and out[-1]["role"] == turn["role"]:
+            out[-1]["content"].extend(turn["content"])
+        else:
+            out.append(turn)
+    return out
+
+
 def _text_blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks = []
     for part in content or ():
-        if isinstance(part, Mapping) and part.get("type") == "text":
+        if isinstance(part, Mapping) and part.get("type") == "text" and part.get("text"):
             block: dict[str, Any] = {"type": "text", "text": part.get("text", "")}
             if part.get("cache_control"):
                 block["cache_control"] = part["cache_control"]
@@ -130,7 +143,7 @@ def _text_blocks(content: Any) -> list[dict[str, Any]]:
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+        return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
     for part in content or ():
         if not isinstance(part, Mapping):
@@ -308,9 +321,13 @@ class Accumulator:
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "content_block_stop":
             index = int(event.get("index", 0))
-            partial = self._json.pop(index, None)
+            partial = self._json.get(index)
             if partial is not None:
-                self._blocks()[index]["input"] = orjson.loads(partial) if partial else {}
+                try:
+                    self._blocks()[index]["input"] = orjson.loads(partial) if partial else {}
+                except orjson.JSONDecodeError:
+                    return  # left to ``finish``, which keeps the partial text
+                del self._json[index]
         elif kind == "message_delta":
             delta = event.get("delta") or {}
             self.message.update({k: v for k, v in delta.items() if v is not None})
@@ -360,7 +377,16 @@ class ChunkTranslator:
     ``include_usage``, a last chunk with the usage and no choices. An ``error`` event gives
     ``{"error": ...}``, which the caller sends as the terminal event."""
 
-    __slots__ = ("_calls", "_thinking", "created", "id", "include_usage", "model", "usage")
+    __slots__ = (
+        "_arguments",
+        "_calls",
+        "_thinking",
+        "created",
+        "id",
+        "include_usage",
+        "model",
+        "usage",
+    )
 
     def __init__(self, *, created: int = 0, include_usage: bool = False) -> None:
         self.created, self.include_usage = created, include_usage
@@ -369,6 +395,8 @@ class ChunkTranslator:
         self._calls: dict[int, int] = {}
         """Block index -> tool call index."""
         self._thinking: dict[int, dict[str, Any]] = {}
+        self._arguments: set[int] = set()
+        """Tool-call blocks that streamed some arguments."""
 
     def add(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
         kind = event.get("type")
@@ -382,7 +410,12 @@ class ChunkTranslator:
         if kind == "content_block_delta":
             return self._delta(int(event.get("index", 0)), event.get("delta") or {})
         if kind == "content_block_stop":
-            block = self._thinking.pop(int(event.get("index", 0)), None)
+            index = int(event.get("index", 0))
+            if index in self._calls and index not in self._arguments:
+                # A call without arguments streams none; "{}" keeps it parseable.
+                call = {"index": self._calls[index], "function": {"arguments": "{}"}}
+                return [self._chunk({"tool_calls": [call]})]
+            block = self._thinking.pop(index, None)
             return [self._chunk({"thinking_blocks": [block]})] if block is not None else []
         if kind == "message_delta":
             self.usage.update(
@@ -427,6 +460,9 @@ class ChunkTranslator:
             block["signature"] = block.get("signature", "") + delta.get("signature", "")
             return []
         if kind == "input_json_delta" and index in self._calls:
+            if not delta.get("partial_json"):
+                return []
+            self._arguments.add(index)
             call = {
                 "index": self._calls[index],
                 "function": {"arguments": delta.get("partial_json", "")},

@@ -41,9 +41,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
     chat = await compact_request(request)
-    headers = upstream_request_headers(request.headers.items(), chat.caller.upstream_key)
+    model = str(chat.body.get("model", ""))
+    headers = upstream_request_headers(
+        request.headers.items(), gateway.upstream_key(chat.caller, model)
+    )
     headers["content-type"] = "application/json"
-    upstream = gateway.upstream_for(str(chat.body.get("model", "")))
+    upstream = gateway.upstream_for(model)
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -30,6 +31,17 @@ MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a weather assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
+
+
+ANSWER = {
+    "id": "msg_02",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-20250514",
+    "content": [{"type": "text", "text": "Sunny."}],
+    "stop_reason": "end_turn",
+    "usage": {"input_tokens": 20, "output_tokens": 2},
+}
 
 
 @pytest.fixture
@@ -143,3 +155,117 @@ def test_an_anthropic_error_keeps_its_status_in_an_openai_envelope(
     assert caught.value.status_code == 429
     assert "Slow down." in str(caught.value)
     assert len(upstream.received) == 1  # neither the SDK nor the gateway retried
+
+
+def test_a_stream_broken_off_ends_with_one_error_event(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    upstream.push(SSEReply(events_of("tool_use_response.txt")[:6], ending="drop"))
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "claude-sonnet-4", "messages": MESSAGES, "stream": True},
+        headers={"authorization": "Bearer sk-ant-mine"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    events = [e for e in response.text.split("\n\n") if e.startswith("data: ")]
+    *chunks, last = events
+    assert chunks  # what arrived before the break was relayed
+    assert orjson.loads(last[len("data: ") :])["error"]["code"] == "upstream_stream_error"
+    assert "[DONE]" not in response.text
+
+
+def test_the_openai_key_is_never_sent_to_anthropic(upstream: MockUpstream) -> None:
+    """A gateway holding the OpenAI key sends the caller's own key to Anthropic (or the
+    configured Anthropic key), never the OpenAI one."""
+    base = upstream.base_url.removesuffix("/v1")
+    for anthropic_key, expected in ((None, "sk-ant-callers"), ("sk-ant-configured", None)):
+        settings = Settings(
+            upstream=UpstreamSettings(base_url=upstream.base_url, api_key="sk-openai-SECRET"),
+            anthropic=AnthropicSettings(base_url=base, api_key=anthropic_key),
+            summaries=False,
+        )
+        upstream.reset()
+        upstream.push(JSONReply(ANSWER))
+        with GatewayServer(settings) as server:
+            httpx.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": "claude-sonnet-4", "messages": MESSAGES},
+                headers={"authorization": "Bearer sk-ant-callers"},
+                timeout=30,
+            )
+        (sent,) = upstream.received
+        assert "sk-openai-SECRET" not in str(sent.headers)
+        assert (expected or anthropic_key or "") in str(sent.headers)
+
+
+def test_with_tenants_and_no_anthropic_key_claude_is_refused(upstream: MockUpstream) -> None:
+    from gateway.settings import TenantSettings
+    from gateway.tenants import hash_key
+
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url, api_key="sk-openai-SECRET"),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        tenants=(TenantSettings("alpha", (hash_key("cg-alpha-key"),)),),
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        response = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": "claude-sonnet-4", "messages": MESSAGES},
+            headers={"authorization": "Bearer cg-alpha-key"},
+            timeout=30,
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "provider_not_configured"
+    assert upstream.received == []
+
+
+def test_an_anthropic_rate_limit_keeps_its_retry_after(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    error = {"type": "error", "error": {"type": "rate_limit_error", "message": "Slow down."}}
+    upstream.push(JSONReply(error, status=429, headers={"retry-after": "7"}))
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "claude-sonnet-4", "messages": MESSAGES},
+        headers={"authorization": "Bearer sk-ant-mine"},
+        timeout=30,
+    )
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "7"
+    assert response.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_router_names_and_a_disabled_provider_go_to_the_openai_upstream(
+    upstream: MockUpstream,
+) -> None:
+    base = upstream.base_url.removesuffix("/v1")
+    cases = (
+        (AnthropicSettings(base_url=base), "anthropic/claude-3.5-sonnet"),
+        (AnthropicSettings(base_url=base, enabled=False), "claude-sonnet-4"),
+    )
+    for anthropic, model in cases:
+        upstream.reset()
+        settings = Settings(
+            upstream=UpstreamSettings(base_url=upstream.base_url),
+            anthropic=anthropic,
+            summaries=False,
+        )
+        with GatewayServer(settings) as server:
+            httpx.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": model, "messages": MESSAGES},
+                headers={"authorization": "Bearer sk-x"},
+                timeout=30,
+            )
+        assert [r.path for r in upstream.received] == ["/v1/chat/completions"]
+
+
+def test_max_tokens_defaults_to_the_models_output_limit(
+    client: openai.OpenAI, upstream: MockUpstream
+) -> None:
+    upstream.push(JSONReply(ANSWER), JSONReply(ANSWER))
+    client.chat.completions.create(model="claude-3-haiku-20240307", messages=MESSAGES)
+    client.chat.completions.create(model="claude-sonnet-4", messages=MESSAGES)
+    assert [r.json()["max_tokens"] for r in upstream.received] == [4_096, 8_192]

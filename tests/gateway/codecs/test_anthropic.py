@@ -370,3 +370,49 @@ def test_streamed_thinking_comes_as_reasoning_and_one_lossless_block() -> None:
     assert translator.add({"type": "error", "error": {"type": "overloaded_error"}}) == [
         {"error": {"type": "overloaded_error"}}
     ]
+
+
+def test_empty_turns_are_left_out_of_the_request() -> None:
+    """Claude sometimes answers with nothing; sent back, an empty turn would be refused."""
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {"role": "user", "content": "First."},
+                {"role": "assistant", "content": ""},
+                {"role": "user", "content": [{"type": "text", "text": ""}]},
+                {"role": "user", "content": "Second."},
+            ],
+        }
+    )
+    assert request["messages"] == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "First."}, {"type": "text", "text": "Second."}],
+        }
+    ]
+
+
+def test_a_streamed_call_without_arguments_gets_an_empty_object() -> None:
+    translator = ChunkTranslator()
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "m", "model": "claude", "usage": {}}},
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "t1", "name": "now", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": ""},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ]
+    chunks = [c for e in events for c in translator.add(e)]
+    arguments = "".join(
+        call["function"].get("arguments", "")
+        for c in chunks
+        for call in c["choices"][0]["delta"].get("tool_calls", ())
+    )
+    assert arguments == "{}"

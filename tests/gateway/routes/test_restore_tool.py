@@ -171,7 +171,7 @@ def test_streamed_restore_is_one_stream_with_summed_usage(
         return SSEReply(
             events_of(
                 [
-                    {**chunk({"content": "It is BK0007."}), "id": "chatcmpl-other"},
+                    {**chunk({"role": "assistant", "content": "It is BK0007."}), "id": "other"},
                     chunk({}, "stop"),
                     usage(900),
                 ]
@@ -198,6 +198,10 @@ def test_streamed_restore_is_one_stream_with_summed_usage(
     assert len(usages) == 1
     assert (usages[0].prompt_tokens, usages[0].completion_tokens) == (1_400, 10)
     assert {c.id for c in chunks} == {"chatcmpl-r"}
+    # One answer: the second round's role chunk is not repeated to the client.
+    assert [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role] == [
+        "assistant"
+    ]
     assert seen[1]["messages"][-1]["content"] == OUTPUT
 
 
