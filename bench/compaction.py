@@ -38,6 +38,7 @@ import orjson
 from bench.report import machine, quantile, write_block
 from gateway.store import MemoryStore
 from pipelines import CompactResult, ConversationState, Pipeline, Policy, RequestRejected
+from pipelines.checkpoints import Summaries
 from pipelines.tokens import REPLY_PRIMING, TokenCounter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,8 +69,15 @@ class Session:
     """One conversation sent through a pipeline as the gateway sends it: the conversation's
     record carried from request to request, on a simulated clock."""
 
-    def __init__(self, pipeline: Pipeline, policy: Policy, model: str = "gpt-4o") -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        policy: Policy,
+        model: str = "gpt-4o",
+        summaries: Summaries | None = None,
+    ) -> None:
         self.pipeline, self.policy, self.model = pipeline, policy, model
+        self.summaries = summaries
         self.state: ConversationState | None = None
         self.now = 1_000_000.0
 
@@ -81,6 +89,7 @@ class Session:
             policy=self.policy,
             state=self.state,
             now=self.now,
+            summaries=self.summaries,
         )
         self.state = result.state.answered(at=self.now)
         return result

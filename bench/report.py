@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -34,3 +35,15 @@ def write_block(output: Path, start: str, end: str, block: str, heading: str = "
     else:
         text = text.rstrip() + "\n\n" + (heading + "\n\n" if heading else "") + block + "\n"
     output.write_text(text)
+
+
+def publish(
+    output: Path, markers: tuple[str, str], heading: str, how: str, lines: list[str]
+) -> None:
+    """Print a results block (the markers, "Measured <date> on <machine>; <how>", then
+    ``lines``) and write it into ``output`` under ``heading``."""
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    start, end = markers
+    block = "\n".join([start, f"Measured {date} on {machine()}; {how}", "", *lines, end])
+    print(block)
+    write_block(output, start, end, block, heading)

@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import orjson
 
 from bench.load import closed_loop
 from bench.overhead import ROOT, answers, free_port, process
-from bench.report import machine, quantile, write_block
+from bench.report import publish, quantile
 from gateway.settings import StoreSettings
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisBackend, RedisStore
@@ -136,27 +135,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     args = parser.parse_args()
-    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     with redis_server() as redis:
         latency = asyncio.run(latencies(redis.url))
         rps = throughput(redis.url)
-    block = "\n".join(
+    publish(
+        args.output,
+        (START, END),
+        "## Offload store (`make bench`)",
+        "`make bench` (`python -m bench.store`). A private `redis-server` on loopback;"
+        " milliseconds, from the gateway's store client.",
         [
-            START,
-            f"Measured {date} on {machine()}; `make bench` (`python -m bench.store`). A private"
-            " `redis-server` on loopback; milliseconds, from the gateway's store client.",
-            "",
             *latency,
             "",
             "Requests per second, each request carrying a 60 KB tool output that the filter"
             " offloads (the same output on every request), closed loop for 6 s:",
             "",
             *rps,
-            END,
-        ]
+        ],
     )
-    print(block)
-    write_block(args.output, START, END, block, "## Offload store (`make bench`)")
 
 
 if __name__ == "__main__":

@@ -27,16 +27,15 @@ import asyncio
 import statistics
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.compaction import DATA, ROOT, Messages, Tally, requests_of
-from bench.report import machine, quantile, write_block
+from bench.compaction import DATA, ROOT, TURN_GAP_S, Messages, Session, Tally, requests_of
+from bench.report import publish, quantile
 from gateway.store import MemoryStore
-from pipelines import ConversationState, Pipeline, Policy
+from pipelines import Pipeline, Policy
 from pipelines.checkpoints import Checkpoint, SummaryJob, run_job
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
@@ -143,21 +142,12 @@ async def replay(session: list[Messages], mode: str) -> dict[str, Any]:
     summarizer = StandIn(pipeline)
     background = Background(summarizer, store)
     policy = Policy(max_input=BUDGET, mode=mode)  # type: ignore[arg-type]
-    state: ConversationState | None = None
-    now = 1_000_000.0
+    conversation = Session(pipeline, policy, summaries=background if mode == "summarize" else None)
     paths: list[str] = []
     tally = Tally(pipeline.counter("o200k_base"), BUDGET)
     kept_cuts = 0
     for index, history in enumerate(session):
-        now += 5.0
-        result = await pipeline.compact(
-            {"model": "gpt-4o", "messages": history},
-            policy=policy,
-            state=state,
-            now=now,
-            summaries=background if mode == "summarize" else None,
-        )
-        state = result.state.answered(at=now)
+        result = await conversation.send(history)
         tally.add(result.request["messages"], new_trajectory=index == 0)
         compress = result.report.stage("compress")
         kept_cuts += bool(compress is not None and compress.details.get("anti_thrash"))
@@ -191,21 +181,13 @@ async def cut_latency(session: list[Messages], repeats: int = 15) -> dict[str, l
     assert isinstance(store, MemoryStore)
     background = Background(StandIn(pipeline), store)
     policy = Policy(max_input=BUDGET)
-    state: ConversationState | None = None
-    now = 1_000_000.0
+    conversation = Session(pipeline, policy, summaries=background)
     for history in session:
-        now += 5.0
-        result = await pipeline.compact(
-            {"model": "gpt-4o", "messages": history},
-            policy=policy,
-            state=state,
-            now=now,
-            summaries=background,
-        )
+        state, now = conversation.state, conversation.now + TURN_GAP_S
+        result = await conversation.send(history)
         stage = result.report.stage("summarize")
         if stage is not None and "path" in stage.details:
             break
-        state = result.state.answered(at=now)
         await background.drain()
     else:
         return {}
@@ -287,22 +269,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     args = parser.parse_args()
-    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = asyncio.run(run())
-    block = "\n".join(
-        [
-            START,
-            f"Measured {date} on {machine()}; `make bench` (`python -m bench.summaries`)."
-            " The summary model is a deterministic stand-in (no model is reachable here):"
-            " call counts and the tokens sent are the pipeline's own; summary token"
-            " figures depend on how long a real model's summaries are.",
-            "",
-            *lines,
-            END,
-        ]
+    publish(
+        args.output,
+        (START, END),
+        "## Summaries (`make bench`)",
+        "`make bench` (`python -m bench.summaries`). The summary model is a deterministic"
+        " stand-in (no model is reachable here): call counts and the tokens sent are the"
+        " pipeline's own; summary token figures depend on how long a real model's summaries"
+        " are.",
+        asyncio.run(run()),
     )
-    print(block)
-    write_block(args.output, START, END, block, "## Summaries (`make bench`)")
 
 
 if __name__ == "__main__":

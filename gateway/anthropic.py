@@ -30,7 +30,7 @@ import orjson
 from gateway.codecs.anthropic import ChunkTranslator, from_message, to_messages
 from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import AnthropicSettings, UpstreamSettings
-from gateway.upstream import read_response, response_events
+from gateway.upstream import ResponseReading
 
 __all__ = ["AnthropicUpstream"]
 
@@ -47,7 +47,7 @@ _ERROR_TYPES: Final = {
 }
 
 
-class AnthropicUpstream:
+class AnthropicUpstream(ResponseReading):
     __slots__ = ("_client", "max_tokens_for", "settings")
 
     def __init__(
@@ -139,12 +139,6 @@ class AnthropicUpstream:
         return httpx.Response(
             200, headers={"content-type": "application/json"}, content=orjson.dumps(answer)
         )
-
-    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
-        return await read_response(response, limit)
-
-    def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        return response_events(response)
 
     async def aclose(self) -> None:
         await self._client.close()

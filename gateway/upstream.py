@@ -24,11 +24,10 @@ __all__ = [
     "HOP_BY_HOP",
     "OVERFLOW_PHRASES",
     "ChatUpstream",
+    "ResponseReading",
     "Upstream",
     "is_context_overflow",
-    "read_response",
     "relayable_response_headers",
-    "response_events",
     "upstream_request_headers",
 ]
 
@@ -108,7 +107,46 @@ class ChatUpstream(Protocol):
     def events(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
 
 
-class Upstream:
+class ResponseReading:
+    """How an upstream's responses are read: shared by every ``ChatUpstream``."""
+
+    __slots__ = ()
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
+        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with _mapped(
+                "stopped sending its response", "broke off its response", UpstreamUnreachable
+            ):
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size >= limit:
+                        break
+        finally:
+            await response.aclose()
+        body = b"".join(chunks)
+        return body if limit is None else body[:limit]
+
+    async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The server-sent events of ``response``, each whole; the response is closed when
+        the iteration ends, however it ends."""
+        try:
+            with _mapped(
+                "stopped sending in the middle of the stream",
+                "broke the stream off",
+                UpstreamStreamBroken,
+            ):
+                async for event in sse_events(response.aiter_bytes()):
+                    yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+class Upstream(ResponseReading):
     """Pooled HTTP clients for one OpenAI-compatible base URL.
 
     Connections are spread over ``pool_shards`` independent httpx clients, taken in turn:
@@ -170,15 +208,6 @@ class Upstream:
         with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
             return await client.send(request, stream=True)
 
-    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
-        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
-        return await read_response(response, limit)
-
-    def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The server-sent events of ``response``, each whole; the response is closed when
-        the iteration ends, however it ends."""
-        return response_events(response)
-
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
@@ -195,39 +224,6 @@ def _mapped(
         raise UpstreamTimeout(f"The upstream {timed_out} ({type(exc).__name__}).") from exc
     except httpx.HTTPError as exc:
         raise broken(f"The upstream {broke} ({type(exc).__name__}).") from exc
-
-
-async def read_response(response: httpx.Response, limit: int | None = None) -> bytes:
-    """The rest of ``response``'s body (at most ``limit`` bytes); the response is closed."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        with _mapped("stopped sending its response", "broke off its response", UpstreamUnreachable):
-            async for chunk in response.aiter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if limit is not None and size >= limit:
-                    break
-    finally:
-        await response.aclose()
-    body = b"".join(chunks)
-    return body if limit is None else body[:limit]
-
-
-async def response_events(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The server-sent events of ``response``, each whole; closed however the iteration
-    ends."""
-    try:
-        with _mapped(
-            "stopped sending in the middle of the stream",
-            "broke the stream off",
-            UpstreamStreamBroken,
-        ):
-            async for event in sse_events(response.aiter_bytes()):
-                yield event
-    finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
 
 
 def _per_shard(total: int | None, shards: int) -> int | None:

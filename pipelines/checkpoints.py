@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -92,14 +92,21 @@ class Checkpoint:
         """Every object the checkpoint needs."""
         return (*self.refs, self.index) if self.index else self.refs
 
-    def applies_to(self, messages: Sequence[Message], start: int, limit: int) -> bool:
+    def applies_to(
+        self,
+        messages: Sequence[Message],
+        start: int,
+        limit: int,
+        *,
+        chains: Callable[[int, int], str] | None = None,
+    ) -> bool:
         """Whether this checkpoint stands for ``messages[start:self.end]`` and ends by
-        ``limit``."""
-        return (
-            self.start == start
-            and start < self.end <= min(limit, len(messages))
-            and chain_of(messages[start : self.end]) == self.chain
-        )
+        ``limit``; ``chains(start, end)``, when given, hashes ranges of ``messages`` (a
+        caller asking about several checkpoints hashes each range once)."""
+        if self.start != start or not start < self.end <= min(limit, len(messages)):
+            return False
+        found = chains(start, self.end) if chains else chain_of(messages[start : self.end])
+        return found == self.chain
 
     def applied_at(self, cut: int, kept: tuple[int, ...]) -> Checkpoint:
         return replace(self, cut=cut, kept=kept)
@@ -282,25 +289,23 @@ def _chunks(messages: Sequence[Message]) -> list[list[Message]]:
 
 
 class LocalSummaries:
-    """The library's summaries: made on the spot by ``summarizer``, kept in this object
-    (one per conversation) and never in the background."""
+    """The library's summaries: made on the spot by ``summarizer`` and never in the
+    background; the checkpoint a request applied lives in the conversation's record, so
+    none is kept here."""
 
-    __slots__ = ("_latest", "store", "summarizer")
+    __slots__ = ("store", "summarizer")
 
     background = False
 
     def __init__(self, summarizer: Summarizer, store: OffloadStore) -> None:
         self.summarizer, self.store = summarizer, store
-        self._latest: Checkpoint | None = None
 
     async def ready(self) -> Checkpoint | None:
-        return self._latest
+        return None
 
     async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
         async with asyncio.timeout(within):
-            checkpoint = await run_job(job, self.summarizer, self.store)
-        self._latest = checkpoint
-        return checkpoint
+            return await run_job(job, self.summarizer, self.store)
 
     def later(self, job: SummaryJob) -> bool:
         return False

@@ -57,19 +57,33 @@ _WORTH_SUMMARISING: Final = 500
 
 
 class _Lookup:
-    """The service and the conversation's prepared checkpoint, read at most once."""
+    """What one request asks about checkpoints: the service, the conversation's prepared
+    checkpoint (read at most once) and the hash chains of the received messages (each
+    range hashed at most once)."""
 
-    __slots__ = ("_read", "_ready", "summaries")
+    __slots__ = ("_chains", "_read", "_ready", "received", "summaries")
 
-    def __init__(self, summaries: Summaries) -> None:
-        self.summaries = summaries
+    def __init__(self, summaries: Summaries, received: Sequence[Message]) -> None:
+        self.summaries, self.received = summaries, received
         self._ready: Checkpoint | None = None
         self._read = False
+        self._chains: dict[tuple[int, int], str] = {}
 
     async def ready(self) -> Checkpoint | None:
         if not self._read:
             self._ready, self._read = await self.summaries.ready(), True
         return self._ready
+
+    def chain(self, start: int, end: int) -> str:
+        found = self._chains.get((start, end))
+        if found is None:
+            found = self._chains[start, end] = chain_of(self.received[start:end])
+        return found
+
+    def applies(self, checkpoint: Checkpoint, start: int, limit: int) -> bool:
+        """Whether ``checkpoint`` stands for the received messages from ``start`` and
+        ends by ``limit``."""
+        return checkpoint.applies_to(self.received, start, limit, chains=self.chain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,24 +112,27 @@ class Summarize:
         source = compacted.source if compacted is not None else conversation
         if len(source.messages) != len(ctx.received.messages):
             return conversation  # an earlier stage changed the messages' count: no mapping
-        lookup = _Lookup(ctx.summaries)
+        lookup = _Lookup(ctx.summaries, ctx.received.messages)
+        # Where compaction may act, as compress saw it (its deduplicated messages).
+        span = compactable(compacted.basis if compacted is not None else conversation, ctx)
         result, applied = conversation, None
         if compacted is not None:
-            result, applied = await self._apply(conversation, compacted, lookup, ctx)
-        if preparing:
-            basis = compacted.basis if compacted is not None else conversation
-            await self._prepare(source, basis, applied, lookup, ctx)
+            result, applied = await self._apply(conversation, compacted, span, lookup, ctx)
+        if preparing and span is not None:
+            await self._prepare(source, span, applied, lookup, ctx)
         return result
 
     async def _apply(
-        self, conversation: Conversation, compacted: Compacted, lookup: _Lookup, ctx: StageContext
+        self,
+        conversation: Conversation,
+        compacted: Compacted,
+        span: tuple[int, int, tuple[int, ...]] | None,
+        lookup: _Lookup,
+        ctx: StageContext,
     ) -> tuple[Conversation, Checkpoint | None]:
         """The conversation with compress's span replaced by a checkpoint, and that
         checkpoint; the conversation as it is when there is none to use."""
-        assert ctx.received is not None
-        received = ctx.received.messages
         start, cut = compacted.start, compacted.cut
-        span = compactable(compacted.basis, ctx)
         limit, pinned = (max(span[1], cut), span[2]) if span is not None else (cut, ())
         state = ctx.state
         previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
@@ -123,7 +140,7 @@ class Summarize:
         if (
             previous is not None
             and previous.cut == cut
-            and previous.applies_to(received, start, limit)
+            and lookup.applies(previous, start, limit)
             and await self._stored(previous, ctx)
         ):
             # Rendered as last time, with the messages it kept as they were kept then
@@ -145,9 +162,7 @@ class Summarize:
             candidates = [
                 k
                 for k in (ready, previous)
-                if k is not None
-                and k.applies_to(received, start, limit)
-                and await self._stored(k, ctx)
+                if k is not None and lookup.applies(k, start, limit) and await self._stored(k, ctx)
             ]
             found = max(candidates, key=lambda k: k.end, default=None)
             if found is not None and (found.end >= cut or lookup.summaries.background):
@@ -155,7 +170,7 @@ class Summarize:
                 path = "prepared checkpoint used" if found is ready else "checkpoint extended"
             else:
                 # Nothing prepared (or, with no background work, only part): made now.
-                job = self._job(compacted.source, start, cut, found, ctx)
+                job = self._job(compacted.source, start, cut, found, lookup, ctx)
                 try:
                     checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
                 except (SummaryFailed, TimeoutError, StoreError) as exc:
@@ -165,7 +180,7 @@ class Summarize:
                         return conversation, None
                     checkpoint, path = found, f"checkpoint extended ({reason})"
                 else:
-                    if not checkpoint.applies_to(received, start, limit):
+                    if not lookup.applies(checkpoint, start, limit):
                         ctx.record(path="fallback: the summary made meanwhile covers another span")
                         return conversation, None
                     if not await self._stored(checkpoint, ctx):
@@ -231,25 +246,20 @@ class Summarize:
     async def _prepare(
         self,
         source: Conversation,
-        basis: Conversation,
+        span: tuple[int, int, tuple[int, ...]],
         applied: Checkpoint | None,
         lookup: _Lookup,
         ctx: StageContext,
     ) -> None:
-        """Schedule the summary of the compactable span (of ``basis``, as compress sees
-        it) when it has outgrown the best known checkpoint enough."""
-        assert ctx.received is not None
-        span = compactable(basis, ctx)
-        if span is None:
-            return
+        """Schedule the summary of the compactable ``span`` when it has outgrown the best
+        known checkpoint enough."""
         start, end, _ = span
-        received = ctx.received.messages
         state = ctx.state
         previous = Checkpoint.from_dict(state.checkpoint) if state is not None else None
         candidates = [
             k
             for k in (applied, await lookup.ready(), previous)
-            if k is not None and k.applies_to(received, start, end)
+            if k is not None and lookup.applies(k, start, end)
         ]
         known = max(candidates, key=lambda k: k.end, default=None)
         covered = known.end if known is not None else start
@@ -257,7 +267,7 @@ class Summarize:
         step = (ctx.policy.trigger - ctx.policy.target) * ctx.budget.input_tokens
         if size < (step if known is not None else min(step, _WORTH_SUMMARISING)):
             return
-        job = self._job(source, start, end, known, ctx)
+        job = self._job(source, start, end, known, lookup, ctx)
         taken = lookup.summaries.later(job)
         ctx.record(prepare=[covered, end] if taken else "not scheduled")
 
@@ -267,11 +277,11 @@ class Summarize:
         start: int,
         end: int,
         base: Checkpoint | None,
+        lookup: _Lookup,
         ctx: StageContext,
     ) -> SummaryJob:
-        assert ctx.received is not None
         first = base.end if base is not None else start
-        received = ctx.received.messages
+        received = lookup.received
         originals = [_richest(received[i], source.messages[i], ctx) for i in range(first, end)]
         model, inputs, guard = self._guarded(
             list(originals), base.summary if base is not None else None, ctx
@@ -279,7 +289,7 @@ class Summarize:
         return SummaryJob(
             start=start,
             end=end,
-            chain=chain_of(ctx.received.messages[start:end]),
+            chain=lookup.chain(start, end),
             originals=tuple(originals),
             inputs=tuple(inputs),
             base=base,

@@ -44,6 +44,19 @@ ANSWER = {
 }
 
 
+def ask(
+    base_url: str, model: str = "claude-sonnet-4", key: str = "sk-ant-mine", **fields: Any
+) -> httpx.Response:
+    """A chat request for ``model`` with ``key`` (and ``fields``), as a plain HTTP client
+    sends it."""
+    return httpx.post(
+        f"{base_url}/chat/completions",
+        json={"model": model, "messages": MESSAGES, **fields},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
 @pytest.fixture
 def gateway(upstream: MockUpstream) -> Iterator[GatewayServer]:
     settings = Settings(
@@ -161,12 +174,7 @@ def test_a_stream_broken_off_ends_with_one_error_event(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
     upstream.push(SSEReply(events_of("tool_use_response.txt")[:6], ending="drop"))
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "claude-sonnet-4", "messages": MESSAGES, "stream": True},
-        headers={"authorization": "Bearer sk-ant-mine"},
-        timeout=30,
-    )
+    response = ask(gateway.base_url, stream=True)
     assert response.status_code == 200
     events = [e for e in response.text.split("\n\n") if e.startswith("data: ")]
     *chunks, last = events
@@ -188,12 +196,7 @@ def test_the_openai_key_is_never_sent_to_anthropic(upstream: MockUpstream) -> No
         upstream.reset()
         upstream.push(JSONReply(ANSWER))
         with GatewayServer(settings) as server:
-            httpx.post(
-                f"{server.base_url}/chat/completions",
-                json={"model": "claude-sonnet-4", "messages": MESSAGES},
-                headers={"authorization": "Bearer sk-ant-callers"},
-                timeout=30,
-            )
+            ask(server.base_url, key="sk-ant-callers")
         (sent,) = upstream.received
         assert "sk-openai-SECRET" not in str(sent.headers)
         assert (expected or anthropic_key or "") in str(sent.headers)
@@ -210,12 +213,7 @@ def test_with_tenants_and_no_anthropic_key_claude_is_refused(upstream: MockUpstr
         summaries=False,
     )
     with GatewayServer(settings) as server:
-        response = httpx.post(
-            f"{server.base_url}/chat/completions",
-            json={"model": "claude-sonnet-4", "messages": MESSAGES},
-            headers={"authorization": "Bearer cg-alpha-key"},
-            timeout=30,
-        )
+        response = ask(server.base_url, key="cg-alpha-key")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "provider_not_configured"
     assert upstream.received == []
@@ -226,12 +224,7 @@ def test_an_anthropic_rate_limit_keeps_its_retry_after(
 ) -> None:
     error = {"type": "error", "error": {"type": "rate_limit_error", "message": "Slow down."}}
     upstream.push(JSONReply(error, status=429, headers={"retry-after": "7"}))
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "claude-sonnet-4", "messages": MESSAGES},
-        headers={"authorization": "Bearer sk-ant-mine"},
-        timeout=30,
-    )
+    response = ask(gateway.base_url)
     assert response.status_code == 429
     assert response.headers["retry-after"] == "7"
     assert response.json()["error"]["type"] == "rate_limit_error"
@@ -253,12 +246,7 @@ def test_router_names_and_a_disabled_provider_go_to_the_openai_upstream(
             summaries=False,
         )
         with GatewayServer(settings) as server:
-            httpx.post(
-                f"{server.base_url}/chat/completions",
-                json={"model": model, "messages": MESSAGES},
-                headers={"authorization": "Bearer sk-x"},
-                timeout=30,
-            )
+            ask(server.base_url, model, key="sk-x")
         assert [r.path for r in upstream.received] == ["/v1/chat/completions"]
 
 

@@ -353,14 +353,12 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
             if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
                 break
         settle(model)  # the summary model answers after 1 s; then it is stored
-        calls = len(model.calls)
         for request in history[index:]:
             response = post(second.base_url, request, "replicas-1")
             path = response.headers.get("x-contextgate-summary", "").split(",")[0]
             if path:
                 break
-        assert path == "prepared"
-        assert len(model.calls) >= calls  # later preparations may have been scheduled
+        assert path == "prepared"  # used as prepared: no summary made for this request
         (text,) = recalled(chat_requests(upstream)[-1])
         assert model.goal in text
 

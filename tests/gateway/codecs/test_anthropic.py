@@ -242,20 +242,22 @@ def test_cache_reads_and_writes_count_as_prompt_tokens() -> None:
     }
 
 
+ANSWERS = (
+    "basic_response.txt",
+    "tool_use_response.txt",
+    "refusal_response.txt",
+    "incomplete_partial_json_response.txt",
+)
+"""The recorded streams that are one answer each (text, a tool call, a refusal, a call
+cut off by the token limit)."""
+
+
 def events_of(name: str) -> list[bytes]:
     data = (STREAMS / name).read_bytes()
     return [part + b"\n\n" for part in data.split(b"\n\n") if part.strip()]
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "basic_response.txt",
-        "tool_use_response.txt",
-        "refusal_response.txt",
-        "incomplete_partial_json_response.txt",
-    ],
-)
+@pytest.mark.parametrize("name", ANSWERS)
 def test_the_accumulated_answer_is_what_the_anthropic_sdk_makes_of_the_stream(
     upstream: MockUpstream, name: str
 ) -> None:
@@ -288,15 +290,7 @@ def test_the_accumulated_answer_is_what_the_anthropic_sdk_makes_of_the_stream(
             )
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "basic_response.txt",
-        "tool_use_response.txt",
-        "refusal_response.txt",
-        "incomplete_partial_json_response.txt",
-    ],
-)
+@pytest.mark.parametrize("name", ANSWERS)
 def test_the_stream_translated_to_chunks_adds_up_to_the_same_completion(name: str) -> None:
     """The chunks made event by event, read by the OpenAI SDK's own stream accumulator,
     end with the text, tool calls, finish reason and usage of the whole answer."""
