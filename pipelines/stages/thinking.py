@@ -3,12 +3,14 @@
 - ``anthropic``: ``reasoning_content`` (an OpenAI-compatible field Claude does not take) is
   dropped; ``thinking`` and ``redacted_thinking`` blocks are kept, signatures and all, on
   the assistant messages of the current turn (after the last user message, where the API
-  needs them during tool use) and dropped from older turns.
+  needs them during tool use) and dropped from older turns. The blocks come either as
+  content parts or, as the gateway's Anthropic codec carries them, in an assistant
+  message's ``thinking_blocks`` list; both are treated alike.
 - ``reasoning_echo`` (DeepSeek, Kimi, MiMo): ``reasoning_content`` is dropped from assistant
   messages before the last user message, except on those with ``tool_calls``, which the
   APIs reject without it; an assistant tool-call message lacking it gets a short non-empty
   placeholder (an empty string is refused by some routes). Thinking blocks are dropped.
-- anything else: both are dropped.
+- anything else: both are dropped (content parts and ``thinking_blocks`` alike).
 
 Each rewrite depends only on the message and on which side of the last user message it
 is, so a message is rewritten the same way on every request until a new user message
@@ -83,12 +85,15 @@ def _may_change(message: Message, style: str) -> bool:
         return False
     return (
         "reasoning_content" in message
+        or "thinking_blocks" in message
         or type(message.get("content")) is list
         or (style == "reasoning_echo" and bool(message.get("tool_calls")))
     )
 
 
 def _without_thinking_blocks(message: Message) -> Message:
+    if "thinking_blocks" in message:
+        message = {k: v for k, v in message.items() if k != "thinking_blocks"}
     content = message.get("content")
     if not isinstance(content, list):
         return message

@@ -105,3 +105,38 @@ async def test_same_request_gives_same_bytes() -> None:
     first = await run_stage(Thinking(), conversation(), model="deepseek-reasoner")
     second = await run_stage(Thinking(), conversation(), model="deepseek-reasoner")
     assert first.request == second.request
+
+
+def codec_conversation() -> list[dict[str, Any]]:
+    """Two turns as the gateway's Anthropic codec carries them: thinking blocks in an
+    assistant message's ``thinking_blocks`` list, text as the content."""
+    return [
+        {"role": "user", "content": "First question"},
+        {"role": "assistant", "content": "Old answer", "thinking_blocks": [THINK]},
+        {"role": "user", "content": "Second question"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": CALL,
+            "thinking_blocks": [REDACTED, THINK],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "result"},
+    ]
+
+
+async def test_anthropic_keeps_codec_thinking_blocks_on_the_current_turn_only() -> None:
+    """Claude, blocks carried as ``thinking_blocks``: the current turn's tool-call message
+    keeps them as they came; the older answer loses them and keeps its text."""
+    result = await run_stage(Thinking(), codec_conversation(), model="claude-sonnet-4-5")
+    messages = result.request["messages"]
+    assert messages[1] == {"role": "assistant", "content": "Old answer"}
+    assert messages[3]["thinking_blocks"] == [REDACTED, THINK]
+    assert result.report.stages[0].details["thinking_blocks_dropped"] == 1
+
+
+async def test_other_families_drop_codec_thinking_blocks_everywhere() -> None:
+    """Any other family: no ``thinking_blocks`` key goes out, current turn included."""
+    for model in ("gpt-4o", "deepseek-reasoner", "qwen-max"):
+        out = (await run_stage(Thinking(), codec_conversation(), model=model)).request
+        assert all("thinking_blocks" not in m for m in out["messages"])
+        assert out["messages"][1]["content"] == "Old answer"
