@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import orjson
 
-__all__ = ["Message", "PartKind", "iter_parts", "message_text"]
+__all__ = ["MEDIA_PART_TYPES", "Message", "PartKind", "iter_parts", "message_text"]
 
 Message = dict[str, Any]
 """One chat message: ``role``, ``content`` (a string, a list of parts, or null) and the
@@ -21,7 +21,12 @@ optional ``name``, ``tool_calls``, ``tool_call_id``, ``reasoning_content`` field
 PartKind = Literal["text", "image", "media", "other"]
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
-_MEDIA_PARTS = frozenset({"input_audio", "audio", "video", "video_url", "file", "input_file"})
+_MEDIA_PARTS = frozenset(
+    {"input_audio", "audio", "video", "video_url", "file", "input_file", "document"}
+)
+"""Non-image media; ``document`` is an Anthropic PDF (base64 or a URL), not text to count."""
+MEDIA_PART_TYPES = _IMAGE_PARTS | _MEDIA_PARTS
+"""Every content-part type that carries media rather than text."""
 
 
 def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:

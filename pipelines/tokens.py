@@ -47,7 +47,8 @@ REPLY_PRIMING: Final = 3
 IMAGE_TOKENS: Final = 765
 """Flat cost of one image part (a 1024x1024 image at high detail in OpenAI's tiling)."""
 AUDIO_TOKENS: Final = 765
-"""Flat cost of one audio or video part; providers bill these by duration we cannot see."""
+"""Flat cost of one audio, video, file or document part; providers bill these by duration
+or pages, which the pipeline does not see."""
 TOOL_OVERHEAD: Final = 65
 """Tokens a tool schema costs beyond its serialised JSON."""
 EXACT_LIMIT_CHARS: Final = 2_000_000

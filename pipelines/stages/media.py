@@ -1,11 +1,11 @@
 """Stage 2: media only in the last ``keep-images`` media-bearing messages.
 
 Base64 screenshots resent on every turn are the classic way a long agent session outgrows
-its window (and its request-size limit). Image, audio, video and file parts are kept in the
-newest ``keep-images`` messages that carry any, whatever their role (tool results too);
-each part of an older message is offloaded whole and replaced by a text part naming its
-ref. Offloading comes first: a part whose write the store does not acknowledge stays as it
-is, and without a store nothing is removed.
+its window (and its request-size limit). Image, audio, video, file and document (PDF)
+parts are kept in the newest ``keep-images`` messages that carry any, whatever their role
+(tool results too); each part of an older message is offloaded whole and replaced by a
+text part naming its ref. Offloading comes first: a part whose write the store does not
+acknowledge stays as it is, and without a store nothing is removed.
 
 Moving the window rewrites a message that the provider has cached, so while the cache is
 warm the window moves in batches: the older media stay until ``batch`` of them have piled
@@ -25,24 +25,13 @@ import orjson
 
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
-from pipelines.messages import Message
+from pipelines.messages import MEDIA_PART_TYPES, Message
 from pipelines.stage import StageContext
 
 __all__ = ["MEDIA_PARTS", "Media"]
 
-MEDIA_PARTS: Final = frozenset(
-    {
-        "image_url",
-        "image",
-        "input_image",
-        "input_audio",
-        "audio",
-        "video",
-        "video_url",
-        "file",
-        "input_file",
-    }
-)
+MEDIA_PARTS: Final = MEDIA_PART_TYPES
+"""Image, audio, video, file and document parts (``pipelines.messages``)."""
 _KIND: Final = {
     "input_audio": "audio",
     "audio": "audio",
@@ -50,6 +39,7 @@ _KIND: Final = {
     "video_url": "video",
     "file": "file",
     "input_file": "file",
+    "document": "document",
 }
 
 

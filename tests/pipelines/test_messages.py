@@ -7,8 +7,8 @@ from pipelines.messages import iter_parts, message_text
 
 
 def test_parts_of_every_kind() -> None:
-    """Text, refusal and thinking parts give text; images and media give nothing; unknown
-    parts give their JSON so they are still counted."""
+    """Text, refusal and thinking parts give text; images and media (an Anthropic PDF
+    document too) give nothing; unknown parts give their JSON so they are still counted."""
     content = [
         {"type": "text", "text": "hello"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
@@ -16,6 +16,10 @@ def test_parts_of_every_kind() -> None:
         {"type": "refusal", "refusal": "no"},
         {"type": "thinking", "thinking": "hmm", "signature": "sig"},
         {"type": "mystery", "value": 1},
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"},
+        },
     ]
     assert list(iter_parts(content)) == [
         ("text", "hello"),
@@ -24,6 +28,7 @@ def test_parts_of_every_kind() -> None:
         ("text", "no"),
         ("text", "hmm"),
         ("other", '{"type":"mystery","value":1}'),
+        ("media", ""),
     ]
     assert list(iter_parts(None)) == []
     assert message_text({"role": "user", "content": content}) == "hello\nno\nhmm"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import json
@@ -138,6 +139,27 @@ def test_unknown_encoding_is_refused() -> None:
     """Asking for an encoding that is not shipped is a clear error."""
     with pytest.raises(ValueError, match="unknown encoding"):
         encoding("p50k_base")
+
+
+def test_a_pdf_document_costs_a_flat_media_part_not_its_base64() -> None:
+    """An Anthropic ``document`` part (a PDF as base64) is counted like an image, whatever
+    the size of its base64, not as hundreds of thousands of text tokens."""
+    counter = TokenCounter()
+    pdf = base64.b64encode(bytes(range(256)) * 2_000).decode()
+    user = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Summarise this"},
+            {
+                "type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": pdf},
+            },
+        ],
+    }
+    text = counter.count_text
+    assert counter.count_message(user) == (
+        MESSAGE_OVERHEAD + text("user") + text("Summarise this") + IMAGE_TOKENS
+    )
 
 
 def test_message_accounting() -> None:

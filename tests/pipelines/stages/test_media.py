@@ -132,3 +132,32 @@ async def test_pressure_moves_the_window_even_with_a_warm_cache() -> None:
     assert roomy.report.tokens_before >= 0.9 * 4_000
     tight = await pipeline.compact(request, state=warm, now=1_000.0, policy=Policy(max_input=4_000))
     assert tight.state.media_cut == 4
+
+
+def pdf(n: int) -> dict[str, Any]:
+    data = f"JVBERi0xLjQK{'B' * 4_000}{n}"
+    return {
+        "type": "document",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": data},
+    }
+
+
+async def test_pdf_documents_are_windowed_like_images() -> None:
+    """Anthropic PDF ``document`` parts count as media: only the newest keep-images
+    messages keep theirs; an older one is offloaded behind a placeholder that says a
+    document was removed, and its ref restores the exact part."""
+    store = MemoryStore()
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": f"Read file {n}"}, pdf(n)]}
+        if n % 2 == 0
+        else {"role": "assistant", "content": f"Read {n}."}
+        for n in range(6)
+    ]
+    result = await compact(messages, store)
+    out = result.request["messages"]
+    assert out[2]["content"][1] == pdf(2)
+    assert out[4]["content"][1] == pdf(4)
+    placeholder = out[0]["content"][1]["text"]
+    assert "An earlier document was removed" in placeholder
+    ref = re.search(r"ctx_[A-Za-z0-9_-]{22,}", placeholder).group()  # type: ignore[union-attr]
+    assert orjson.loads(await store.get("", ref)) == pdf(0)  # type: ignore[arg-type]
