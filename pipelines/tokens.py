@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
+from itertools import chain
 from typing import Any, Final
 
 import orjson
@@ -262,7 +263,11 @@ class TokenCounter:
             value = message.get(key)
             if isinstance(value, str):
                 tokens += self.count_text(value)
-        for kind, value in iter_parts(message.get("content")):
+        # Thinking blocks the Anthropic codec carries beside the content count as the
+        # content parts they were.
+        blocks = message.get("thinking_blocks")
+        parts = iter_parts(message.get("content"))
+        for kind, value in chain(parts, iter_parts(blocks)) if blocks else parts:
             if kind == "image":
                 tokens += IMAGE_TOKENS
             elif kind == "media":

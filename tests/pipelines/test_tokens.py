@@ -162,6 +162,20 @@ def test_a_pdf_document_costs_a_flat_media_part_not_its_base64() -> None:
     )
 
 
+def test_thinking_blocks_beside_the_content_count_as_thinking_parts() -> None:
+    """An assistant message whose thinking comes in a ``thinking_blocks`` list (the
+    gateway's Anthropic codec) costs what it costs with the blocks as content parts."""
+    counter = TokenCounter()
+    blocks = [
+        {"type": "thinking", "thinking": "The user wants a refund; check the fare. " * 50},
+        {"type": "redacted_thinking", "data": "EuYBCkQYAiJA" * 20},
+    ]
+    beside = {"role": "assistant", "content": "Checking.", "thinking_blocks": blocks}
+    inline = {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, *blocks]}
+    assert counter.count_message(beside) == counter.count_message(inline)
+    assert counter.count_message(beside) > counter.count_text("Checking.") + 500
+
+
 def test_message_accounting() -> None:
     """A message costs its overhead, its role and text, tool-call names and arguments, and a
     flat cost per image."""
