@@ -6,6 +6,7 @@ result.report    # what every stage did, tokens before and after
 """
 
 from pipelines.budget import Budget
+from pipelines.cache_break import BREAK_CAUSES, observed_break
 from pipelines.catalog import ModelCatalog, ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreError
@@ -18,6 +19,7 @@ from pipelines.stages import DEFAULT_STAGES, STAGE_NAMES
 from pipelines.tokens import TokenCounter, encoding, estimate_tokens
 
 __all__ = [
+    "BREAK_CAUSES",
     "DEFAULT_STAGES",
     "STAGE_NAMES",
     "Budget",
@@ -43,4 +45,5 @@ __all__ = [
     "conversation_id",
     "encoding",
     "estimate_tokens",
+    "observed_break",
 ]

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import orjson
 
+from pipelines.cache_break import without_markers
 from pipelines.messages import Message
 
 __all__ = [
@@ -171,8 +172,10 @@ def usage_of(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
 
 
 def digest(message: Message) -> str:
-    """A digest of one message, stable across processes."""
-    data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    """A digest of one message, stable across processes. Its ``cache_control`` markers are
+    left out: a client that moves its own breakpoint (one on its newest message, say)
+    still continues the same history."""
+    data = orjson.dumps(without_markers(message), option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 

@@ -91,3 +91,20 @@ async def test_a_record_of_another_history_does_not_apply() -> None:
     )
     assert other.report.cache == "diverged"
     assert other.state.seen == 15
+
+
+def test_a_client_moving_its_cache_marker_still_continues_the_history() -> None:
+    """A client that marks its newest message each turn (and so unmarks the previous
+    one) sends a continuation of its previous request, not another history."""
+    history = [
+        {"role": "user", "content": "Book a flight."},
+        {"role": "assistant", "content": "Where to?", "cache_control": {"type": "ephemeral"}},
+    ]
+    state = ConversationState().with_history(history, sent_tokens=20, cold=True)
+    later = [
+        history[0],
+        {"role": "assistant", "content": "Where to?"},
+        {"role": "user", "content": "Paris.", "cache_control": {"type": "ephemeral"}},
+    ]
+    assert state.follows(later)
+    assert not state.follows([history[0], {"role": "assistant", "content": "Where?"}])
