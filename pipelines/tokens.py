@@ -187,15 +187,14 @@ class TokenCounter:
         return REPLY_PRIMING + sum(self.count_message(m) for m in messages)
 
     def count_tools(self, tools: Sequence[Any] | None) -> int:
-        """Tokens the tool schemas cost, cached by their digest."""
+        """Tokens the tool schemas cost, cached by their digest. A ``cache_control`` marker
+        on a tool is an instruction to the provider, not part of the prompt: not counted."""
         if not tools:
             return 0
         key = self.key(tools)
         tokens = self.lookup(key)
         if tokens is None:
-            tokens = sum(
-                TOOL_OVERHEAD + self.count_text(orjson.dumps(tool).decode()) for tool in tools
-            )
+            tokens = sum(TOOL_OVERHEAD + self.count_text(_schema(tool)) for tool in tools)
             self.remember(key, tokens)
         return tokens
 
@@ -294,3 +293,9 @@ class TokenCounter:
             if len(text) <= 64 and len(self._short) < 4_096:
                 self._short[text] = tokens
         return tokens
+
+
+def _schema(tool: Any) -> str:
+    if isinstance(tool, dict) and "cache_control" in tool:
+        tool = {k: v for k, v in tool.items() if k != "cache_control"}
+    return orjson.dumps(tool).decode()

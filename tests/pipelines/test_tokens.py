@@ -239,6 +239,15 @@ def test_tools_are_counted() -> None:
     assert counter.count_tools(None) == 0
 
 
+def test_a_cache_marker_on_a_tool_costs_nothing() -> None:
+    """A tool's ``cache_control`` marker is not prompt content: the schemas cost the same
+    with it, so placing a breakpoint never changes the request's count."""
+    counter = TokenCounter()
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    marked = {**tool, "cache_control": {"type": "ephemeral"}}
+    assert counter.count_tools([tool, marked]) == counter.count_tools([tool, tool])
+
+
 def test_estimate_is_near_exact_for_english_and_high_for_cjk() -> None:
     """The estimate is within 35% of the exact count for English prose and errs high for
     Cyrillic and CJK text, the safe side for a budget."""
