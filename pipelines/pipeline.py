@@ -18,7 +18,7 @@ from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
 from pipelines.report import Report
 from pipelines.runner import run_stages
-from pipelines.session import ConversationState, cache_status
+from pipelines.session import ConversationState, cache_status, conversation_id
 from pipelines.stage import Clock, OffloadStore, Stage, StageContext, Summarizer
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tokens import TokenCounter
@@ -107,6 +107,7 @@ class Pipeline:
         store: OffloadStore | None = None,
         summarizer: Summarizer | None = None,
         summaries: Summaries | None = None,
+        conversation: str | None = None,
     ) -> CompactResult:
         """Run every stage over ``request`` (an OpenAI chat request body).
 
@@ -116,20 +117,24 @@ class Pipeline:
         ``store`` and ``summarizer`` replace the pipeline's for this call; ``summaries``
         (the gateway's: background preparation, checkpoints shared by replicas) replaces
         the summarizer's default, which makes each summary when it is needed.
+        ``conversation`` is the conversation's identity (the gateway's; by default
+        ``conversation_id`` of the namespace and the messages).
         """
         started = perf_counter()
         policy = policy or Policy()
-        conversation = Conversation.from_request(request)
-        name = model or conversation.model
+        received = Conversation.from_request(request)
+        if conversation is None:
+            conversation = conversation_id(namespace, received.messages)
+        name = model or received.model
         info = self.catalog.lookup(name)
         budget = Budget.for_request(info, policy, request)
         counter = self.counter(info.encoding)
         tokens = ConversationTokens(counter)
         threshold = int(min(policy.prepare, policy.trigger) * budget.input_tokens)
-        before = await tokens.first(conversation, threshold=threshold, defer=self._measure_later)
+        before = await tokens.first(received, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact
-        diverged = state is not None and not state.follows(conversation.messages)
+        diverged = state is not None and not state.follows(received.messages)
         if diverged:
             state = None
         cold, report.cache = cache_status(
@@ -156,19 +161,19 @@ class Pipeline:
             store=store,
             summarizer=summarizer,
             summaries=summaries,
-            received=conversation,
+            received=received,
             state=state,
             cold=cold,
+            conversation=conversation,
+            report=report,
         )
-        result = await run_stages(self.stages, conversation, ctx, report, tokens)
+        result = await run_stages(self.stages, received, ctx, report, tokens)
         report.ms = (perf_counter() - started) * 1000
-        changed = result is not conversation
+        changed = result is not received
         after = state or ConversationState()
         if ctx.carry:
             after = after.with_cuts(**ctx.carry)
-        after = after.with_history(
-            conversation.messages, sent_tokens=report.tokens_after, cold=cold
-        )
+        after = after.with_history(received.messages, sent_tokens=report.tokens_after, cold=cold)
         return CompactResult(
             result.to_request() if changed else dict(request), report, changed, after
         )
@@ -193,6 +198,7 @@ async def compact(
     summarizer: Summarizer | None = None,
     namespace: str = "",
     state: ConversationState | None = None,
+    conversation: str | None = None,
 ) -> CompactResult:
     """Compact one chat request with the default stages and catalog.
 
@@ -205,5 +211,10 @@ async def compact(
     if store is not None or summarizer is not None:
         pipeline = pipeline.using(store=store, summarizer=summarizer)
     return await pipeline.compact(
-        request, model=model, policy=policy, namespace=namespace, state=state
+        request,
+        model=model,
+        policy=policy,
+        namespace=namespace,
+        state=state,
+        conversation=conversation,
     )

@@ -59,30 +59,42 @@ class Report:
     def stage(self, name: str) -> StageReport | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    @property
+    def moved(self) -> bool:
+        """Whether a stage moved a cut (the media window, the cache-TTL prune's levels)."""
+        return any(stage.details.get("moved") for stage in self.stages)
+
+    def compaction(self) -> tuple[Any, ...]:
+        """What this request's compaction was: compress's level, cut and where its span
+        starts, the messages the summary stands for, and whether an emergency shortening
+        acted. Between two requests of a conversation, a difference is a compaction event
+        (``is_event_after``)."""
+        compress, summary = self.stage("compress"), self.stage("summarize")
+        details = compress.details if compress is not None else {}
+        return (
+            details.get("level"),
+            details.get("cut"),
+            details.get("span_start"),
+            summary.details.get("covers") if summary is not None else None,
+            "emergency_shortened" in details,
+        )
+
     def is_event_after(self, previous: Report) -> bool:
         """Whether this request's compaction differs in kind from ``previous``'s (of the
         same conversation): a stage moved a cut, compress changed level, cut or where its
         span starts (the anchor is released when the pinned messages outgrow half the
-        budget), an emergency shortening acted on either, or the summary stands for other messages.
-        Between events, a growing history keeps
-        its outgoing prefix."""
-        for stage in self.stages:
-            if stage.details.get("moved"):
-                return True
-        now, before = self.stage("compress"), previous.stage("compress")
-        now_details = now.details if now is not None else {}
-        before_details = before.details if before is not None else {}
-        summary_now, summary_before = self.stage("summarize"), previous.stage("summarize")
-        covers_now = summary_now.details.get("covers") if summary_now is not None else None
-        covers_before = summary_before.details.get("covers") if summary_before else None
-        return (
-            covers_now != covers_before
-            or any(
-                now_details.get(k) != before_details.get(k) for k in ("level", "cut", "span_start")
-            )
-            or "emergency_shortened" in now_details
-            or "emergency_shortened" in before_details
-        )
+        budget), an emergency shortening acted on either, or the summary stands for other
+        messages. Between events, a growing history keeps its outgoing prefix."""
+        now, before = self.compaction(), previous.compaction()
+        return self.moved or now != before or bool(now[-1] or before[-1])
+
+    @property
+    def cache_break(self) -> str | None:
+        """The cause of the provider-cache break this request was predicted to cause
+        (``pipelines.cache_break.BREAK_CAUSES``), or ``None``."""
+        stage = self.stage("cache_markers")
+        cause = stage.details.get("cache_break") if stage is not None else None
+        return cause if isinstance(cause, str) else None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -33,7 +33,7 @@ async def run_stages(
     current = report.tokens_before
     for stage in stages:
         ctx.details = {}
-        carried, compacted = dict(ctx.carry), ctx.compacted
+        carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
         started = perf_counter()
         error: str | None = None
         try:
@@ -49,6 +49,7 @@ async def run_stages(
             result, changed, after = conversation, False, current
             ctx.carry = carried
             ctx.compacted = compacted
+            ctx.boundary = boundary
             error = f"{type(exc).__name__}: {exc}"
         elapsed = (perf_counter() - started) * 1000
         report.stages.append(

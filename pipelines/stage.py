@@ -20,6 +20,7 @@ from pipelines.counting import ConversationTokens
 from pipelines.errors import StoreError
 from pipelines.messages import Message
 from pipelines.policy import Policy
+from pipelines.report import Report
 from pipelines.session import ConversationState
 from pipelines.summary import Summary
 from pipelines.tokens import TokenCounter
@@ -123,11 +124,19 @@ class StageContext:
     """The conversation as the request brought it, before any stage."""
     compacted: Compacted | None = None
     """Set by compress when it cut the span."""
+    boundary: Message | None = None
+    """The last message of the compacted part of the conversation (the end of compress's
+    span, or of what the summary replaced), as the stage that made it returned it: the
+    compaction boundary, found again by identity."""
     state: ConversationState | None = None
     """The conversation's record from earlier requests (``None``: not known)."""
     cold: bool = True
     """Whether the provider's prompt cache is cold for this conversation: rewrites that
     break the cached prefix cost nothing then."""
+    conversation: str = ""
+    """The conversation's identity (the client's, or ``pipelines.conversation_id``)."""
+    report: Report | None = None
+    """The request's report so far: what the stages before the running one did."""
     carry: dict[str, Any] = field(default_factory=dict)
     """Cuts a stage moved, for the conversation's next record (``ConversationState``
     field names); dropped for a stage that fails."""

@@ -136,8 +136,13 @@ class Compress:
             ctx.carry["compacted_cut"] = cut if isinstance(cut, int) else 0
             if ctx.tokens(result) > budget:
                 result = await self._emergency(result, ctx)
+            if isinstance(cut, int):
+                # The compaction boundary: the last message of the compacted span.
+                kept = len(conversation.messages) - cut
+                ctx.boundary = result.messages[len(result.messages) - kept - 1]
         except _NoStore:
             ctx.compacted = None
+            ctx.boundary = None
             ctx.carry["compacted_cut"] = 0
             ctx.record(skipped="store unavailable", store_failures=1)
             return await self._lossy(conversation, ctx)

@@ -200,6 +200,10 @@ class Summarize:
         if ctx.tokens(result) > max(ctx.tokens(conversation), ceiling):
             ctx.record(path="fallback: the summary is larger than the notes")
             return conversation, None
+        # The compaction boundary: the last message of what the summary replaced (the
+        # summary itself, or the protected messages and notes that follow it).
+        kept = len(compacted.source.messages) - max(cut, checkpoint.end)
+        ctx.boundary = result.messages[len(result.messages) - kept - 1]
         checkpoint = checkpoint.applied_at(cut, tuple(pinned))
         ctx.carry["checkpoint"] = checkpoint.to_dict()
         ctx.record(

@@ -22,3 +22,35 @@ async def run_stage(
 ) -> CompactResult:
     request = {"model": model, "messages": messages}
     return await Pipeline(stages=[stage]).compact(request, policy=Policy(**policy))
+
+
+class BoundaryProbe:
+    """Stands in for cache_markers: keeps what it was given and the compaction boundary
+    the stages before it named."""
+
+    name = "cache_markers"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, Any]] = []
+
+    async def __call__(self, conversation: Any, ctx: Any) -> Any:
+        self.seen.append((conversation, ctx.boundary))
+        return conversation
+
+
+def probed(probe: BoundaryProbe) -> list[Stage]:
+    """The default stages with ``probe`` in cache_markers' place."""
+    from pipelines.stages import DEFAULT_STAGES
+
+    return [probe if s.name == "cache_markers" else type(s)() for s in DEFAULT_STAGES]
+
+
+def boundary_at(probe: BoundaryProbe, received: list[dict[str, Any]]) -> int:
+    """Where the boundary the probe saw is in the conversation it saw, checking that the
+    messages after it are the received history's tail, untouched."""
+    conversation, boundary = probe.seen[-1]
+    messages = conversation.messages
+    index = next(i for i, m in enumerate(messages) if m is boundary)
+    tail = messages[index + 1 :]
+    assert list(tail) == received[len(received) - len(tail) :]
+    return index

@@ -16,7 +16,7 @@ from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected, TokenCounter
 from pipelines.stages.compress import Compress
 from tests.openai_schema import assert_valid_request
-from tests.pipelines.stages.conftest import FailingStore
+from tests.pipelines.stages.conftest import BoundaryProbe, FailingStore, boundary_at, probed
 from tests.pipelines.stages.test_normalize import assert_valid
 
 TRACES = Path(__file__).resolve().parents[3] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
@@ -82,6 +82,22 @@ async def test_replayed_traces_fit_stay_valid_and_stable(max_input: int) -> None
                     assert out[: len(before_out)] == before_out
             previous = (out, report)
     assert events > 0
+
+
+async def test_the_end_of_the_compacted_span_is_named_the_compaction_boundary() -> None:
+    """When compress cuts, the last message of what it made of the span (a removal note
+    here) is handed to the later stages as the compaction boundary: the received tail
+    follows it untouched."""
+    trajectory = max(json.loads(TRACES.read_text()), key=lambda t: len(t["traj"]))
+    history = requests_of(trajectory["traj"])[-1]
+    probe = BoundaryProbe()
+    pipeline = Pipeline(stages=probed(probe), store=MemoryStore())
+    result = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=4_000, mode="truncate")
+    )
+    assert "compress" in result.report.actions
+    index = boundary_at(probe, history)
+    assert result.request["messages"][index]["content"].startswith("[Context note:")
 
 
 async def test_removed_messages_restore_exactly() -> None:

@@ -17,6 +17,7 @@ from pipelines import ModelCatalog, Pipeline, Policy
 from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of, run_job
 from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed, SummaryOverflow
 from tests.openai_schema import assert_valid_request
+from tests.pipelines.stages.conftest import BoundaryProbe, boundary_at, probed
 from tests.pipelines.stages.test_normalize import assert_valid
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
@@ -95,6 +96,23 @@ async def test_the_span_becomes_one_summary_listing_its_refs() -> None:
     assert_valid(out)
     assert_valid_request(result.request)
     assert result.report.tokens_after <= result.report.budget
+
+
+async def test_what_the_summary_replaced_ends_at_the_compaction_boundary() -> None:
+    """With a summary applied, the compaction boundary handed on is the last message of
+    what it replaced: the summary, or the notes and protected messages after it."""
+    history = long_history()
+    probe = BoundaryProbe()
+    pipeline = Pipeline(stages=probed(probe), store=MemoryStore(), summarizer=Scripted("first"))
+    result = await pipeline.compact(
+        {"model": "gpt-4o", "messages": history}, policy=Policy(max_input=6_000)
+    )
+    assert details(result)["path"] == "summarised"
+    out = result.request["messages"]
+    summary = next(
+        i for i, m in enumerate(out) if str(m.get("content", "")).startswith("[Recalled")
+    )
+    assert boundary_at(probe, history) >= summary
 
 
 async def test_the_same_span_reuses_the_checkpoint_without_a_call() -> None:
