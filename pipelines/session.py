@@ -82,6 +82,21 @@ class ConversationState:
     cold_sent: bool = False
     """The previous request went out on a cold cache, so the provider's cache-hit
     feedback on it says nothing about the cache now."""
+    # What the provider's prefix cache keyed on in the previous request, for cache-break
+    # detection (``pipelines.cache_break``); empty in records written before they were kept.
+    model_hash: str = ""
+    """Fingerprint of the model name."""
+    system_hash: str = ""
+    """Fingerprint of the system and developer messages."""
+    tool_hashes: tuple[str, ...] | None = None
+    """Fingerprint of each tool schema, in order (``None``: not recorded)."""
+    compaction_hash: str = ""
+    """Fingerprint of the compaction the previous request applied (``Report.compaction``)."""
+    sent_messages: int = 0
+    """Messages the previous request sent upstream (after compaction)."""
+    sent_last: str = ""
+    """Fingerprint of the last of them, markers excluded: where the previous request's
+    rolling cache breakpoint was, found again in this request's outgoing messages."""
 
     def follows(self, messages: Sequence[Message]) -> bool:
         """Whether ``messages`` continue the previous request of this record."""

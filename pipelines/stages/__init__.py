@@ -12,6 +12,7 @@ from typing import Final
 
 from pipelines.conversation import Conversation
 from pipelines.stage import Stage, StageContext
+from pipelines.stages.cache_markers import CacheMarkers
 from pipelines.stages.compress import Compress
 from pipelines.stages.filter import Filter
 from pipelines.stages.guard_inbound import GuardInbound
@@ -44,7 +45,7 @@ DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     Compress(),
     Summarize(),
     Normalize(),
-    PassThrough("cache_markers"),
+    CacheMarkers(),
     GuardOutbound(),
 )
 

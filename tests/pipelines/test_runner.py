@@ -118,9 +118,11 @@ async def test_callers_request_is_not_mutated() -> None:
 
 
 async def test_unchanged_request_reports_unchanged() -> None:
-    """When no stage acts, the result says so and equals the input."""
-    result = await Pipeline().compact(REQUEST)
+    """When no stage acts (a short request that already names its prompt_cache_key), the
+    result says so and equals the input."""
+    request = {**REQUEST, "prompt_cache_key": "the-clients-own"}
+    result = await Pipeline().compact(request)
     assert not result.changed
-    assert result.request == REQUEST
+    assert result.request == request
     assert result.report.actions == []
     assert result.report.tokens_before == result.report.tokens_after

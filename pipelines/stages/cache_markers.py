@@ -1,0 +1,401 @@
+"""Stage 8: provider prompt-cache hints, and cache-break prediction.
+
+**Anthropic and Qwen/DashScope** cache only where told to: ``cache_control`` breakpoints,
+at most 4 per request counting the client's own. The stage adds 5-minute (``ephemeral``)
+ones, in this order of priority while slots last:
+
+1. ``rolling``: the newest message. It writes the cache entry the next turn reads.
+2. ``prefix``: the last system message (or, for Anthropic, with none, the last tool): the
+   tools and system prompt, which new conversations with the same ones share too.
+3. ``protective``: a breakpoint only finds entries up to about 20 blocks before it, so
+   when a request added more than ``protect_after`` blocks since the previous request of
+   the conversation (a long tool loop), the previous request's last message is marked
+   again, where the previous rolling breakpoint wrote its entry. Without a record of the
+   previous request, a message ``protect_after`` blocks before the end is marked instead.
+4. ``compaction``: the last message of the compacted part (``StageContext.boundary``).
+
+A breakpoint other than the rolling one is placed only when the prompt between it and the
+breakpoint before it (or the start) holds ``min_tokens`` (an entry for less would not be
+written, or would save little over the one before); the rolling one only needs the whole
+prefix to hold ``min_tokens``. The client's markers are never moved or removed, a message
+it marked is not marked again, and none is placed before a client's ``ttl: "1h"`` marker
+(the API wants 1-hour entries before 5-minute ones). Every breakpoint other than the
+rolling one stays where it is from turn to turn: on the system prompt, the compaction
+boundary or the previous request's rolling message, so between compaction events no
+breakpoint lands on a message that did not carry one before.
+
+Where the markers go (a contract with the codecs): for Anthropic, a message-level
+``cache_control`` key on the message (meaning its last Messages API block) and a
+tool-level one on the last tool; for Qwen, on the message's last content part (a string
+content becomes one text part), as DashScope takes them over the OpenAI wire.
+
+**OpenAI** caches automatically (prompts of 1,024 tokens and more); the stage sets a
+``prompt_cache_key`` per conversation (a hash of the namespace and the conversation's
+identity) on requests that long unless the client set one, so that the conversation's
+requests are routed to the same cache.
+
+**Every family**: the stage predicts cache breaks (``pipelines.cache_break``) against the
+conversation's record, and records the fingerprints for the next request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pipelines.cache_break import Fingerprints, fingerprint, predicted_break
+from pipelines.conversation import Conversation
+from pipelines.messages import Message
+from pipelines.stage import StageContext
+
+__all__ = ["CacheMarkers", "cache_key"]
+
+TOOLS: Final = -1
+"""The site of the tools prefix (the last tool), beside message indices."""
+MAX_BREAKPOINTS: Final = 4
+_SYSTEM_ROLES: Final = ("system", "developer")
+
+
+def cache_key(namespace: str, conversation: str) -> str:
+    """The ``prompt_cache_key`` of a conversation: short, stable, and telling nothing."""
+    data = f"{namespace}\0{conversation}".encode()
+    return "cg-" + hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMarkers:
+    name: str = "cache_markers"
+    max_breakpoints: int = MAX_BREAKPOINTS
+    """Breakpoints a request may carry, the client's included (the APIs refuse more)."""
+    min_tokens: int = 1_024
+    """Tokens a cached prefix (or the part of it since the breakpoint before) must hold."""
+    protect_after: int = 15
+    """Blocks a request may add after the previous request's end before that end gets a
+    breakpoint of its own (the providers look about 20 blocks back)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_breakpoints <= MAX_BREAKPOINTS:
+            raise ValueError(f"max_breakpoints must be in [1, {MAX_BREAKPOINTS}]")
+        if self.min_tokens < 0 or self.protect_after < 1:
+            raise ValueError("min_tokens must be >= 0 and protect_after >= 1")
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        family = ctx.model.family
+        result = conversation
+        if family in ("anthropic", "qwen"):
+            result = self._marked(conversation, ctx, anthropic=family == "anthropic")
+        elif family == "openai":
+            result = _keyed(conversation, ctx, self.min_tokens)
+        _predict(conversation, ctx)
+        return result
+
+    def _marked(
+        self, conversation: Conversation, ctx: StageContext, *, anthropic: bool
+    ) -> Conversation:
+        messages = conversation.messages
+        tools = conversation.tools or []
+        prompt = _Prompt(messages, tools, ctx, anthropic=anthropic)
+        client = prompt.client_markers()
+        candidates = [
+            (prompt.rolling(), "rolling"),
+            (prompt.prefix(), "prefix"),
+            (self._protective(prompt, ctx), "protective"),
+            (prompt.find(ctx.boundary), "compaction"),
+        ]
+        free = self.max_breakpoints - len(client)
+        occupied = {site for site, _, _ in client if site is not None}
+        latest_hour = max((key for _, key, hour in client if hour), default=None)
+        taken: list[tuple[int, str]] = []
+        skipped: list[dict[str, Any]] = []
+        for site, why in candidates:
+            if site is None or any(site == s for s, _ in taken):
+                continue
+            because = None
+            if site in occupied:
+                because = "the client marked it"
+            elif free <= len(taken):
+                because = "no breakpoint left"
+            elif latest_hour is not None and prompt.key(site) <= latest_hour:
+                because = "before a client's 1-hour breakpoint"
+            elif why == "rolling" and prompt.tokens(site) < self.min_tokens:
+                because = f"prefix under {self.min_tokens} tokens"
+            elif why != "rolling" and not self._segments_hold(prompt, site, taken, client):
+                because = f"segment under {self.min_tokens} tokens"
+            if because is not None:
+                skipped.append({"why": why, "at": _where(site), "skipped": because})
+                continue
+            taken.append((site, why))
+        if client:
+            ctx.record(client_markers=len(client))
+        if skipped:
+            ctx.record(skipped=skipped)
+        if not taken:
+            return conversation
+        ctx.record(markers=[{"at": _where(site), "why": why} for site, why in taken])
+        out = list(messages)
+        for site, _ in taken:
+            if site == TOOLS:
+                tools = [*tools[:-1], {**tools[-1], "cache_control": _ephemeral()}]
+            else:
+                out[site] = _with_marker(out[site], anthropic=anthropic)
+        result = conversation.with_messages(out)
+        if any(site == TOOLS for site, _ in taken):
+            result = result.with_fields(tools=tools)
+        ctx.tokens.remember(result, ctx.tokens(conversation))
+        return result
+
+    def _protective(self, prompt: _Prompt, ctx: StageContext) -> int | None:
+        """Where the previous request's rolling breakpoint was, when this request added
+        more blocks after it than a breakpoint looks back; without a record of it, the
+        message ``protect_after`` blocks before the end."""
+        state = ctx.state
+        messages = prompt.messages
+        if state is not None and state.sent_messages and state.sent_last:
+            end = state.sent_messages - 1
+            if end >= len(messages) - 1 or fingerprint(messages[end]) != state.sent_last:
+                return None  # the prefix changed (an event) or nothing was added
+            if prompt.blocks_after(end) <= self.protect_after:
+                return None
+            return prompt.markable_at_or_before(end)
+        total = prompt.blocks_after(-1)
+        if total <= self.protect_after + 5:
+            return None
+        return prompt.markable_at_or_before(prompt.message_of_block(total - self.protect_after))
+
+    def _segments_hold(
+        self,
+        prompt: _Prompt,
+        site: int,
+        taken: list[tuple[int, str]],
+        client: list[tuple[int | None, tuple[int, int], bool]],
+    ) -> bool:
+        """Whether a breakpoint at ``site`` has ``min_tokens`` since the breakpoint before
+        it, and leaves as many to the next one already taken other than the rolling one."""
+        key, tokens = prompt.key(site), prompt.tokens(site)
+        marks = [(prompt.key(s), prompt.tokens(s), why) for s, why in taken]
+        marks += [(k, prompt.tokens_at(k), "client") for _, k, _ in client]
+        before = max((t for k, t, _ in marks if k < key), default=0)
+        after = min((t for k, t, why in marks if k > key and why != "rolling"), default=None)
+        return tokens - before >= self.min_tokens and (
+            after is None or after - tokens >= self.min_tokens
+        )
+
+
+class _Prompt:
+    """The conversation as the provider's cache reads it: the tools, then (for Anthropic)
+    the system messages, then the other messages; each site's prefix tokens and the
+    blocks the Messages API makes of each message."""
+
+    __slots__ = ("_ctx", "_key", "_prefix", "anthropic", "messages", "order", "tools")
+
+    def __init__(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Any],
+        ctx: StageContext,
+        *,
+        anthropic: bool,
+    ) -> None:
+        self.messages, self.tools, self.anthropic, self._ctx = messages, tools, anthropic, ctx
+        order = [TOOLS] if tools else []
+        if anthropic:
+            system = [m.get("role") in _SYSTEM_ROLES for m in messages]
+            order += [i for i, is_system in enumerate(system) if is_system]
+            order += [i for i, is_system in enumerate(system) if not is_system]
+        else:
+            order += range(len(messages))
+        self.order = order
+        self._key = {site: rank for rank, site in enumerate(order)}
+        self._prefix: dict[int, int] = {}
+        total = 0
+        for site in order:
+            total += (
+                ctx.counter.count_tools(tools)
+                if site == TOOLS
+                else ctx.tokens.message(messages[site])
+            )
+            self._prefix[site] = total
+
+    def key(self, site: int) -> tuple[int, int]:
+        """Where ``site``'s breakpoint sits in the prompt (ours go on a site's last block)."""
+        return self._key[site], len(self.tools) - 1 if site == TOOLS else 0
+
+    def tokens(self, site: int) -> int:
+        """Tokens of the prompt up to and including ``site``."""
+        return self._prefix[site]
+
+    def tokens_at(self, key: tuple[int, int]) -> int:
+        """Tokens up to a client marker at ``key`` (a tool's counted with the tools up to it)."""
+        site = self.order[key[0]]
+        if site == TOOLS:
+            return self._ctx.counter.count_tools(self.tools[: key[1] + 1])
+        return self._prefix[site]
+
+    def client_markers(self) -> list[tuple[int | None, tuple[int, int], bool]]:
+        """The client's markers: the site each occupies (``None`` for a tool other than the
+        last one), where it sits, and whether it is a 1-hour one."""
+        found: list[tuple[int | None, tuple[int, int], bool]] = []
+        last = len(self.tools) - 1
+        for index, tool in enumerate(self.tools):
+            marker = tool.get("cache_control") if isinstance(tool, dict) else None
+            if marker:
+                site = TOOLS if index == last else None
+                found.append((site, (self._key[TOOLS], index), _is_hour(marker)))
+        for index, message in enumerate(self.messages):
+            found.extend((index, self.key(index), _is_hour(m)) for m in _markers(message))
+        return found
+
+    def markable(self, index: int) -> bool:
+        message = self.messages[index]
+        if self.anthropic:
+            return _blocks(message) > 0
+        content = message.get("content")
+        return bool(content) and isinstance(content, str | list)
+
+    def rolling(self) -> int | None:
+        """The newest message that can carry a marker."""
+        return next((s for s in reversed(self.order) if s != TOOLS and self.markable(s)), None)
+
+    def prefix(self) -> int | None:
+        """The last system message, else (Anthropic) the last tool."""
+        system = [
+            s
+            for s in self.order
+            if s != TOOLS and self.messages[s].get("role") in _SYSTEM_ROLES and self.markable(s)
+        ]
+        if system:
+            return system[-1]
+        return TOOLS if self.anthropic and self.tools else None
+
+    def find(self, message: Message | None) -> int | None:
+        """The index of ``message`` (by identity) when it can carry a marker."""
+        if message is None:
+            return None
+        index = next((i for i, m in enumerate(self.messages) if m is message), None)
+        return index if index is not None and self.markable(index) else None
+
+    def _counted(self) -> list[int]:
+        """The messages whose blocks follow one another in the Messages API's messages."""
+        if not self.anthropic:
+            return list(range(len(self.messages)))
+        return [i for i, m in enumerate(self.messages) if m.get("role") not in _SYSTEM_ROLES]
+
+    def blocks_after(self, index: int) -> int:
+        """Blocks of the messages after ``index``."""
+        return sum(_blocks(self.messages[i]) for i in self._counted() if i > index)
+
+    def message_of_block(self, block: int) -> int:
+        """The message holding the ``block``-th block (from 1)."""
+        seen = 0
+        for index in self._counted():
+            seen += _blocks(self.messages[index])
+            if seen >= block:
+                return index
+        return len(self.messages) - 1
+
+    def markable_at_or_before(self, index: int) -> int | None:
+        counted = self._counted()
+        for site in reversed(counted):
+            if site <= index and self.markable(site):
+                return site
+        return None
+
+
+def _blocks(message: Message) -> int:
+    """Blocks the Messages API makes of a message: a tool result is one; a string content
+    one (none when empty); a list one per part; an assistant's thinking blocks and tool
+    calls one each."""
+    if message.get("role") == "tool":
+        return 1
+    content = message.get("content")
+    count = (1 if content else 0) if isinstance(content, str) else 0
+    if isinstance(content, list):
+        count = len(content)
+    if message.get("role") == "assistant":
+        count += len(message.get("thinking_blocks") or ()) + len(message.get("tool_calls") or ())
+    return count
+
+
+def _markers(message: Message) -> list[Any]:
+    """The client's ``cache_control`` markers on a message: its own, its content parts',
+    its tool calls'."""
+    found = [message["cache_control"]] if message.get("cache_control") else []
+    for key in ("content", "tool_calls"):
+        items = message.get(key)
+        if isinstance(items, list):
+            found += [
+                item["cache_control"]
+                for item in items
+                if isinstance(item, dict) and item.get("cache_control")
+            ]
+    return found
+
+
+def _is_hour(marker: Any) -> bool:
+    return isinstance(marker, dict) and marker.get("ttl") == "1h"
+
+
+def _ephemeral() -> dict[str, str]:
+    return {"type": "ephemeral"}
+
+
+def _with_marker(message: Message, *, anthropic: bool) -> Message:
+    if anthropic:
+        return {**message, "cache_control": _ephemeral()}
+    content = message["content"]
+    if isinstance(content, str):
+        return {
+            **message,
+            "content": [{"type": "text", "text": content, "cache_control": _ephemeral()}],
+        }
+    last = content[-1]
+    if not isinstance(last, dict):
+        last = {"type": "text", "text": str(last)}
+    return {**message, "content": [*content[:-1], {**last, "cache_control": _ephemeral()}]}
+
+
+def _where(site: int) -> int | str:
+    return "tools" if site == TOOLS else site
+
+
+def _keyed(conversation: Conversation, ctx: StageContext, min_tokens: int) -> Conversation:
+    if conversation.get("prompt_cache_key") is not None:
+        ctx.record(prompt_cache_key="the client's")
+        return conversation
+    if ctx.tokens(conversation) < min_tokens:
+        return conversation  # OpenAI caches no prompt this short: nothing to route
+    ctx.record(prompt_cache_key="set")
+    return conversation.with_fields(prompt_cache_key=cache_key(ctx.namespace, ctx.conversation))
+
+
+def _predict(conversation: Conversation, ctx: StageContext) -> None:
+    """Name the cache break this request causes, if any, and keep its fingerprints (and
+    where its rolling breakpoint was) for the next request of the conversation."""
+    messages = conversation.messages
+    now = Fingerprints.of(ctx.model_name, messages, conversation.tools)
+    report, state = ctx.report, ctx.state
+    compaction = fingerprint(report.compaction()) if report is not None else ""
+    if state is not None:
+        event = report is not None and (
+            report.moved
+            or bool(report.compaction()[-1])
+            or bool(state.compaction_hash and compaction != state.compaction_hash)
+        )
+        before = Fingerprints(state.model_hash, state.system_hash, state.tool_hashes)
+        expired = report is not None and report.cache == "expired"
+        found = predicted_break(before, now, compaction=event, expired=expired)
+        if found is not None:
+            cause, detail = found
+            ctx.record(cache_break=cause)
+            if detail is not None:
+                ctx.record(cache_break_tools=detail)
+    ctx.carry.update(
+        model_hash=now.model,
+        system_hash=now.system,
+        tool_hashes=now.tools,
+        compaction_hash=compaction,
+        sent_messages=len(messages),
+        sent_last=fingerprint(messages[-1]) if messages else "",
+    )

@@ -1,0 +1,391 @@
+"""cache_markers: Anthropic/Qwen breakpoints (at most 4 with the client's), the OpenAI
+prompt_cache_key, and the prediction of cache breaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pipelines import (
+    Conversation,
+    ConversationState,
+    Pipeline,
+    Policy,
+    StageContext,
+)
+from pipelines.stages.cache_markers import CacheMarkers, cache_key
+
+MARK = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+POLICY = "You are the airline's agent. Follow the booking policy to the letter. " * 100
+CLAUDE, QWEN = "claude-sonnet-4-5", "qwen-max"
+
+
+def call(n: int) -> dict[str, Any]:
+    return {"id": f"c{n}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+
+
+def tool(name: str, words: int = 20) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "Looks it up. " * words, "parameters": {}},
+    }
+
+
+def history(turns: int = 3, system: str | None = POLICY, output: int = 1) -> list[dict[str, Any]]:
+    """A system prompt (about 1,300 tokens) and ``turns`` exchanges, each with a tool call
+    whose output repeats its line ``output`` times (about 6 tokens a line)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"Question {n}: what about flight {n}?"})
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call(n)]})
+        content = f"flight {n}: on time\n" * output
+        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": content})
+        messages.append({"role": "assistant", "content": f"Flight {n} is on time."})
+    messages.append({"role": "user", "content": "And the next one?"})
+    return messages
+
+
+async def run(
+    messages: list[dict[str, Any]],
+    model: str = CLAUDE,
+    *,
+    state: ConversationState | None = None,
+    stages: list[Any] | None = None,
+    now: float = 1_000.0,
+    **fields: Any,
+) -> Any:
+    request = {"model": model, "messages": messages, **fields}
+    pipeline = Pipeline(stages=stages or [CacheMarkers()])
+    return await pipeline.compact(request, state=state, now=now)
+
+
+def details(result: Any) -> dict[str, Any]:
+    """What the stage reported for the request of ``result``."""
+    return stage_details(result.report)
+
+
+def stage_details(report: Any) -> dict[str, Any]:
+    stage = report.stage("cache_markers")
+    assert stage is not None
+    assert stage.error is None
+    return stage.details  # type: ignore[no-any-return]
+
+
+def marked(messages: list[dict[str, Any]]) -> list[int]:
+    return [i for i, m in enumerate(messages) if "cache_control" in orjson.dumps(m).decode()]
+
+
+async def test_anthropic_marks_the_newest_message_and_the_system_prompt() -> None:
+    """Claude: the last message and the system prompt get a message-level marker and are
+    otherwise unchanged; the report says where and why."""
+    messages = history()
+    result = await run(messages)
+    out = result.request["messages"]
+    assert marked(out) == [0, len(out) - 1]
+    for index in (0, len(out) - 1):
+        assert out[index] == {**messages[index], "cache_control": MARK}
+    assert details(result)["markers"] == [
+        {"at": len(out) - 1, "why": "rolling"},
+        {"at": 0, "why": "prefix"},
+    ]
+    assert result.report.tokens_after == result.report.tokens_before
+
+
+async def test_without_a_system_prompt_the_last_tool_carries_the_prefix_marker() -> None:
+    """No system message: the tools are the stable prefix, marked on the last tool."""
+    tools = [tool("first"), tool("second", words=400)]
+    result = await run(history(system=None), tools=tools)
+    assert result.request["tools"][0] == tools[0]
+    assert result.request["tools"][1] == {**tools[1], "cache_control": MARK}
+    assert {"at": "tools", "why": "prefix"} in details(result)["markers"]
+
+
+async def test_short_prompts_get_no_markers() -> None:
+    """Under 1,024 tokens nothing would be cached: no marker is placed."""
+    result = await run(history(system="Be brief."))
+    assert not result.changed
+    assert {s["why"] for s in details(result)["skipped"]} == {"rolling", "prefix"}
+
+
+async def test_client_markers_count_towards_the_four_and_stay_where_they_are() -> None:
+    """With three client markers (a tool, a content part, a tool call) only the rolling
+    marker is added; with four, none; the client's markers are untouched; a message the
+    client marked is not marked again."""
+    messages = history()
+    messages[1] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Hi", "cache_control": MARK}],
+    }
+    messages[2] = {**messages[2], "tool_calls": [{**call(0), "cache_control": MARK}]}
+    tools = [{**tool("a"), "cache_control": MARK}, tool("b")]
+    result = await run(messages, tools=tools)
+    out = result.request["messages"]
+    assert details(result)["client_markers"] == 3
+    assert details(result)["markers"] == [{"at": len(out) - 1, "why": "rolling"}]
+    assert out[:-1] == messages[:-1]
+    assert result.request["tools"] == tools
+    messages[-1] = {**messages[-1], "cache_control": MARK}
+    full = await run(messages, tools=tools)
+    assert not full.changed
+    assert details(full)["client_markers"] == 4
+    messages[-1] = {k: v for k, v in messages[-1].items() if k != "cache_control"}
+    messages[3] = {**messages[3], "cache_control": MARK}
+    newest_marked = await run(messages[:4])
+    assert {"why": "rolling", "at": 3, "skipped": "the client marked it"} in details(newest_marked)[
+        "skipped"
+    ]
+    assert newest_marked.request["messages"][3] == messages[3]
+
+
+async def test_no_marker_goes_before_a_clients_one_hour_marker() -> None:
+    """The API wants 1-hour entries before 5-minute ones: with a client's 1-hour marker
+    on a message, the system prompt is not marked, the newer message is."""
+    messages = history()
+    messages[5] = {**messages[5], "cache_control": HOUR}
+    result = await run(messages)
+    out = result.request["messages"]
+    assert marked(out) == [5, len(out) - 1]
+    assert out[5]["cache_control"] == HOUR
+    assert {
+        "why": "prefix",
+        "at": 0,
+        "skipped": "before a client's 1-hour breakpoint",
+    } in details(result)["skipped"]
+
+
+async def test_qwen_markers_go_on_the_last_content_part() -> None:
+    """Qwen/DashScope: the marker is on the message's last content part, a string content
+    becoming one text part; a list keeps its other parts."""
+    messages = history()
+    messages[-1] = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Look:"}, {"type": "text", "text": "this"}],
+    }
+    result = await run(messages, model=QWEN)
+    out = result.request["messages"]
+    assert out[0]["content"] == [{"type": "text", "text": POLICY, "cache_control": MARK}]
+    assert out[-1]["content"] == [
+        {"type": "text", "text": "Look:"},
+        {"type": "text", "text": "this", "cache_control": MARK},
+    ]
+    assert "cache_control" not in out[0]
+    assert "cache_control" not in out[-1]
+    assert result.report.tokens_after == result.report.tokens_before
+
+
+def previous_end(messages: list[dict[str, Any]], end: int) -> ConversationState:
+    """The record a pipeline leaves after sending ``messages[:end]``."""
+    from pipelines.cache_break import fingerprint
+
+    return ConversationState(
+        last_seen=990.0, calls=1, sent_messages=end, sent_last=fingerprint(messages[end - 1])
+    )
+
+
+async def test_a_long_tool_loop_marks_the_previous_requests_end() -> None:
+    """When a request added more than 15 blocks since the previous one, the previous
+    request's last message is marked again (its entry is out of the rolling marker's
+    reach); with fewer, it is not."""
+    messages = history(turns=2, output=200)
+    end = len(messages)
+    for n in range(10, 19):  # 9 calls and 9 results: 18 blocks
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call(n)]})
+        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": "ok"})
+    result = await run(messages, state=previous_end(messages, end))
+    assert {"at": end - 1, "why": "protective"} in details(result)["markers"]
+    assert marked(result.request["messages"]) == [0, end - 1, len(messages) - 1]
+    near = await run(messages, state=previous_end(messages, len(messages) - 6))
+    assert [m["why"] for m in details(near)["markers"]] == ["rolling", "prefix"]
+
+
+async def test_without_a_record_a_long_history_gets_a_sliding_marker() -> None:
+    """A long history with no record of the previous request: a marker about 15 blocks
+    before the end widens the reach of the lookup."""
+    messages = history(turns=8, output=200)
+    result = await run(messages)
+    protective = [m for m in details(result)["markers"] if m["why"] == "protective"]
+    assert len(protective) == 1
+    at = protective[0]["at"]
+    assert len(messages) - 1 - at == 15  # one block per message here
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Stands for compress/summarize: names message ``index`` the compaction boundary."""
+
+    index: int
+    name: str = "compress"
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        ctx.boundary = conversation.messages[self.index]
+        return conversation
+
+
+async def test_the_compaction_boundary_is_marked() -> None:
+    """The last compacted message (found by identity) gets a marker when the prompt
+    since the system prompt's marker holds 1,024 tokens."""
+    messages = history(turns=3)
+    messages[4] = {"role": "user", "content": "[Context note: earlier messages removed] " * 200}
+    result = await run(messages, stages=[Boundary(4), CacheMarkers()])
+    assert {"at": 4, "why": "compaction"} in details(result)["markers"]
+    messages[4] = {"role": "user", "content": "[Context note: earlier messages removed]"}
+    small = await run(messages, stages=[Boundary(4), CacheMarkers()])
+    assert {"why": "compaction", "at": 4, "skipped": "segment under 1024 tokens"} in details(small)[
+        "skipped"
+    ]
+
+
+async def test_openai_gets_a_stable_prompt_cache_key_per_conversation() -> None:
+    """gpt-4o: a prompt_cache_key from the namespace and the conversation's identity, the
+    same on every request of the conversation; another conversation or tenant gets
+    another; the client's own key is kept; a prompt too short to be cached gets none."""
+    messages = history()
+    first = await run(messages, model="gpt-4o")
+    later = await run([*messages, {"role": "assistant", "content": "Yes."}], model="gpt-4o")
+    key = first.request["prompt_cache_key"]
+    assert key == later.request["prompt_cache_key"] == cache_key("", first_id(messages))
+    other = await run(
+        [messages[0], {"role": "user", "content": "Other"}, *messages[2:]], model="gpt-4o"
+    )
+    assert other.request["prompt_cache_key"] != key
+    named = await Pipeline(stages=[CacheMarkers()]).compact(
+        {"model": "gpt-4o", "messages": messages}, namespace="t2", conversation="conv-1"
+    )
+    assert named.request["prompt_cache_key"] == cache_key("t2", "conv-1") != key
+    own = await run(messages, model="gpt-4o", prompt_cache_key="mine")
+    assert own.request["prompt_cache_key"] == "mine"
+    assert not own.changed
+    short = await run(history(system="Be brief."), model="gpt-4o")
+    assert "prompt_cache_key" not in short.request
+    assert "cache_control" not in orjson.dumps(first.request).decode()
+
+
+def first_id(messages: list[dict[str, Any]]) -> str:
+    from pipelines import conversation_id
+
+    return conversation_id("", messages)
+
+
+async def test_families_without_cache_hints_are_left_alone() -> None:
+    """DeepSeek and unknown models cache on their own: the request is not changed."""
+    for model in ("deepseek-chat", "some-local-model"):
+        assert not (await run(history(), model=model)).changed
+
+
+async def breaks_of(
+    requests: list[dict[str, Any]], gaps: list[float] | None = None
+) -> list[str | None]:
+    """The cache_break each request of a conversation records, sent in turn."""
+    pipeline = Pipeline(stages=[CacheMarkers()])
+    state, now, causes = None, 1_000.0, []
+    for index, request in enumerate(requests):
+        now += gaps[index] if gaps else 5.0
+        result = await pipeline.compact(request, state=state, now=now)
+        causes.append(result.report.cache_break)
+        state = ConversationState.from_json(result.state.answered(at=now).to_json())
+    return causes
+
+
+def grow(request: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """The next request of the conversation: one exchange more, with ``changes``."""
+    messages = [*request["messages"], {"role": "assistant", "content": "Done."}]
+    messages.append({"role": "user", "content": "Thanks, one more thing."})
+    return {**request, "messages": messages, **changes}
+
+
+async def test_cache_breaks_are_predicted_with_their_cause() -> None:
+    """A changed model, system prompt or tool (changed, or only reordered) is named as the
+    break's cause; a request that only grows is no break; markers the client moves are."""
+    tools = [tool("a"), tool("b")]
+    first = {"model": CLAUDE, "messages": history(), "tools": tools}
+    steady = grow(first)
+    steady["messages"][0] = {**steady["messages"][0], "cache_control": MARK}
+    model = grow(steady, model="claude-opus-4-1")
+    system = grow(model)
+    system["messages"][0] = {"role": "system", "content": POLICY + " Be brief."}
+    reordered = grow(system, tools=[tools[1], tools[0]])
+    changed = grow(reordered, tools=[tools[1], tool("a", words=3)])
+    both = grow(changed, model=CLAUDE, tools=tools)
+    requests = [first, steady, model, system, reordered, changed, both]
+    assert await breaks_of(requests) == [None, None, "model", "system", "tools", "tools", "model"]
+
+
+async def test_tool_changes_say_how_the_tools_changed() -> None:
+    """The report tells a reordered tools array from a changed, added or removed tool."""
+    tools = [tool("a"), tool("b")]
+    first = {"model": CLAUDE, "messages": history(), "tools": tools}
+    for new, how in (
+        ([tools[1], tools[0]], "order"),
+        ([tools[0], tool("b", words=2)], "changed"),
+        ([*tools, tool("c")], "added"),
+        ([tools[0]], "removed"),
+    ):
+        pipeline = Pipeline(stages=[CacheMarkers()])
+        sent = await pipeline.compact(first, now=1_000.0)
+        result = await pipeline.compact(
+            grow(first, tools=new), state=sent.state.answered(at=1_000.0), now=1_005.0
+        )
+        assert result.report.cache_break == "tools"
+        assert details(result)["cache_break_tools"] == how
+
+
+async def test_an_idle_conversation_breaks_on_the_ttl_and_compaction_outranks_it() -> None:
+    """Back after the family's cache TTL (5 minutes for Claude) the break is ``ttl``;
+    within it, none; a compaction event in the same request is named instead of the TTL."""
+    first = {"model": CLAUDE, "messages": history()}
+    second, third = grow(first), grow(grow(first))
+    assert await breaks_of([first, second, third], gaps=[5.0, 301.0, 200.0]) == [None, "ttl", None]
+
+
+async def test_a_compaction_event_is_a_break() -> None:
+    """A request whose compaction differs from the previous one's records a
+    ``compaction`` break: compress cutting the history for the first time, or (the cache's
+    TTL passed) the cache-TTL prune archiving old tool outputs, which outranks the TTL."""
+    from gateway.store import MemoryStore
+
+    policy = Policy(max_input=4_000)
+    request = {"model": CLAUDE, "messages": history(turns=2)}
+    more = history(turns=10, system=None, output=60)
+    longer = {
+        "model": CLAUDE,
+        "messages": [*request["messages"], {"role": "assistant", "content": "Let me see."}, *more],
+    }
+    for now, cache in ((1_005.0, "hot"), (2_000.0, "expired")):
+        pipeline = Pipeline(store=MemoryStore())
+        sent = await pipeline.compact(request, policy=policy, now=1_000.0)
+        assert sent.report.cache_break is None
+        state = sent.state.answered(at=1_000.0)
+        later = await pipeline.compact(longer, policy=policy, state=state, now=now)
+        assert later.report.cache == cache
+        assert later.report.is_event_after(sent.report)
+        acted = "compress" if cache == "hot" else "ttl_prune"
+        assert acted in later.report.actions
+        assert later.report.cache_break == "compaction"
+
+
+async def test_a_diverged_history_is_not_a_break_and_old_records_still_load() -> None:
+    """A history that does not continue the record's previous request is another
+    conversation (no break is named); a record written before fingerprints were kept loads,
+    and a request against it names no false break."""
+    first = {"model": CLAUDE, "messages": history()}
+    pipeline = Pipeline(stages=[CacheMarkers()])
+    sent = await pipeline.compact(first, now=1_000.0)
+    other = {"model": "claude-opus-4-1", "messages": history(turns=1, system="Other prompt " * 400)}
+    diverged = await pipeline.compact(other, state=sent.state.answered(at=1_000.0), now=1_005.0)
+    assert diverged.report.cache == "diverged"
+    assert diverged.report.cache_break is None
+    old = ConversationState.from_json(b'{"last_seen": 1000.0, "calls": 1, "seen": 0}')
+    assert old.tool_hashes is None
+    assert old.model_hash == ""
+    assert (await pipeline.compact(grow(first), state=old, now=1_005.0)).report.cache_break is None
+
+
+def test_fingerprints_survive_the_records_wire_form() -> None:
+    """The fingerprints a request leaves in the record read back equal from JSON."""
+    state = ConversationState(
+        model_hash="m", system_hash="s", tool_hashes=("a", "b"), sent_messages=4, sent_last="x"
+    )
+    assert ConversationState.from_json(state.to_json()) == state
