@@ -12,11 +12,16 @@ from hypothesis import strategies as st
 from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, RequestRejected
+from pipelines.cache_break import without_markers
+from pipelines.report import Report
 from pipelines.stages import DEFAULT_STAGES, PassThrough
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.test_normalize import assert_valid
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+MODELS = st.sampled_from(["gpt-4o", "claude-sonnet-4-5", "qwen-max"])
+"""The OpenAI family (a prompt_cache_key), Anthropic's (message-level cache_control)
+and Qwen's (cache_control on content parts)."""
 words = st.text("abcdefgh ijklmnop0123456789{}[]:,\n", min_size=1, max_size=1_500)
 long_words = st.builds(
     lambda text, seed, times: (
@@ -26,6 +31,27 @@ long_words = st.builds(
     st.integers(0, 10**6),
     st.integers(0, 300),
 )
+
+
+def unmarked(value: Any) -> Any:
+    """``value`` with the cache markers taken off: no ``cache_control`` keys, and a content
+    the Qwen marker made one text part a string again (these conversations have only
+    string contents)."""
+    value = without_markers(value)
+    if isinstance(value, list):
+        return [unmarked(item) for item in value]
+    if isinstance(value, dict):
+        if "messages" in value:
+            return {**value, "messages": unmarked(value["messages"])}
+        content = value.get("content")
+        if isinstance(content, list) and len(content) == 1 and content[0].get("type") == "text":
+            return {**value, "content": content[0]["text"]}
+    return value
+
+
+def markers(request: dict[str, Any]) -> int:
+    """The cache_control markers anywhere in ``request``."""
+    return orjson.dumps(request).decode().count('"cache_control"')
 
 
 def call(call_id: str) -> dict[str, Any]:
@@ -53,15 +79,16 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     return messages
 
 
-@given(conversations(), st.sampled_from([4_000, 6_000, 12_000]))
-async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> None:
-    """Whatever the conversation: the output fits or the request is refused as too large;
-    tool pairs are valid; the request is a valid CreateChatCompletionRequest; system prompt
-    and latest user message are unchanged; tokens never grow; every ref restores; the same
-    request gives the same bytes."""
+@given(conversations(), st.sampled_from([4_000, 6_000, 12_000]), MODELS)
+async def test_invariants(messages: list[dict[str, Any]], max_input: int, model: str) -> None:
+    """Whatever the conversation and the model family: the output fits or the request is
+    refused as too large; tool pairs are valid; the request (its cache markers aside) is a
+    valid CreateChatCompletionRequest; system prompt and latest user message are unchanged;
+    tokens never grow; every ref restores; the same request gives the same bytes; no more
+    than 4 cache breakpoints."""
     store = MemoryStore()
     pipeline = Pipeline(store=store)
-    request = {"model": "gpt-4o", "messages": messages}
+    request = {"model": model, "messages": messages}
     policy = Policy(max_input=max_input, filter_tokens=3_000)
     try:
         result = await pipeline.compact(request, policy=policy)
@@ -74,11 +101,12 @@ async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> Non
         assert rejected in ("context_length_exceeded", "payload_too_large")
         return
     event(f"compress: {'compress' in result.report.actions}")
-    out = result.request["messages"]
+    assert markers(result.request) <= 4
+    out = unmarked(result.request["messages"])
     assert result.report.tokens_after <= result.report.budget
     assert result.report.tokens_after <= result.report.tokens_before
     assert_valid(out)
-    assert_valid_request(result.request)
+    assert_valid_request(unmarked(result.request))
     assert out[0] == messages[0]
     assert out[-1] == messages[-1]
     for ref in REF.findall(orjson.dumps(out).decode()):
@@ -91,18 +119,22 @@ async def test_invariants(messages: list[dict[str, Any]], max_input: int) -> Non
     conversations(),
     st.sampled_from([4_000, 8_000]),
     st.lists(st.sampled_from([5.0, 5.0, 5.0, 900.0]), min_size=40, max_size=40),
+    MODELS,
 )
 async def test_prefix_stable_between_events(
-    messages: list[dict[str, Any]], max_input: int, gaps: list[float]
+    messages: list[dict[str, Any]], max_input: int, gaps: list[float], model: str
 ) -> None:
     """Replayed turn by turn as a client sends it (the record carried, sometimes idle past
-    the cache TTL): each outgoing request starts with the previous one unless its report
-    records a compaction event, every request fits and stays valid, and what the pipeline
-    sends (re-applying its last cut where it can) is what a fresh pipeline computes."""
+    the cache TTL): each outgoing request, its cache markers aside (they are not content
+    to the provider's cache), starts with the previous one unless its report records a
+    compaction event; between events no breakpoint but the rolling one lands on a message
+    that did not carry one in an earlier request, and the prefix breakpoint does not move;
+    never more than 4; every request fits and stays valid, and what the pipeline sends
+    (re-applying its last cut where it can) is what a fresh pipeline computes."""
     store = MemoryStore()
     pipeline = Pipeline(store=store)
     policy = Policy(max_input=max_input, filter_tokens=3_000)
-    session = Session(pipeline, policy)
+    session = Session(pipeline, policy, model=model)
     previous = None
     events = 0
     for turn, history in enumerate(requests_of(messages)):
@@ -118,17 +150,33 @@ async def test_prefix_stable_between_events(
         )
         fresh._counters = pipeline._counters  # the same token caches, not the same memory
         computed = await fresh.compact(
-            {"model": "gpt-4o", "messages": history}, policy=policy, state=state, now=session.now
+            {"model": model, "messages": history}, policy=policy, state=state, now=session.now
         )
         assert orjson.dumps(computed.request) == orjson.dumps(result.request)
-        out = result.request["messages"]
+        assert markers(result.request) <= 4
+        out = unmarked(result.request["messages"])
         assert result.report.tokens_after <= result.report.budget
         assert_valid(out)
+        placed = breakpoints(result.report)
         if previous is not None:
-            before_out, before_report = previous
+            before_out, before_report, carried = previous
             if result.report.is_event_after(before_report):
                 events += 1
             else:
                 assert out[: len(before_out)] == before_out
-        previous = (out, result.report)
+                for at, why in placed.items():
+                    assert why == "rolling" or at in carried, (at, why, carried)
+                prefix = [at for at, why in breakpoints(before_report).items() if why == "prefix"]
+                assert [at for at, why in placed.items() if why == "prefix"] in ([], prefix)
+                placed = {**carried, **placed}
+        previous = (out, result.report, placed)
     event(f"events: {min(events, 3)}")
+
+
+def breakpoints(report: Report) -> dict[Any, str]:
+    """Where the cache_markers stage placed breakpoints (a message index or ``tools``),
+    and why."""
+    stage = report.stage("cache_markers")
+    assert stage is not None
+    assert stage.error is None
+    return {m["at"]: m["why"] for m in stage.details.get("markers", ())}

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pytest
 
+from bench.prompt_cache import PrefixCache
 from pipelines import (
     Conversation,
     ConversationState,
@@ -16,6 +18,8 @@ from pipelines import (
     StageContext,
 )
 from pipelines.stages.cache_markers import CacheMarkers, cache_key
+from tests.pipelines.stages.cache_replay import COUNTER, to_anthropic, trajectories
+from tests.pipelines.stages.cache_replay import replay as replay_traces
 
 MARK = {"type": "ephemeral"}
 HOUR = {"type": "ephemeral", "ttl": "1h"}
@@ -389,3 +393,108 @@ def test_fingerprints_survive_the_records_wire_form() -> None:
         model_hash="m", system_hash="s", tool_hashes=("a", "b"), sent_messages=4, sent_last="x"
     )
     assert ConversationState.from_json(state.to_json()) == state
+
+
+# What the stage is worth: tau-bench trajectories replayed through the pipeline to a model
+# of Anthropic's prompt cache (bench.prompt_cache).
+
+REPLAYED = 60
+
+
+@pytest.mark.parametrize("max_input", [None, 8_000])
+async def test_replayed_traces_read_most_of_their_prompt_from_the_cache(
+    max_input: int | None,
+) -> None:
+    """Claude, tau-bench conversations: with the stage about nine tenths of the input is
+    read from the cache, against none without markers and under half with one marker on
+    the system prompt; the bill falls accordingly. Also when compaction (max-input 8,000)
+    rewrites the history now and then."""
+    traces = trajectories(REPLAYED)
+    policy = Policy(max_input=max_input)
+    bills = {
+        name: await replay_traces(traces, policy, markers=name)
+        for name in ("stage", "none", "system")
+    }
+    stage, none, system = bills["stage"], bills["none"], bills["system"]
+    assert none.read == 0
+    assert stage.read_share > 0.85
+    assert stage.read_share > system.read_share + 0.3
+    assert stage.per_session < 0.4 * system.per_session < none.per_session
+    assert stage.markers <= 4
+
+
+async def test_with_client_markers_no_request_carries_more_than_four() -> None:
+    """A client that sets three markers of its own (a 1-hour one on the system prompt):
+    the stage adds only the rolling one, so no converted request has more than 4 and the
+    1-hour marker stays first (the cache model refuses anything else), and the cache
+    still serves most of the input."""
+    traces = trajectories(REPLAYED)
+    for max_input in (None, 8_000):
+        bill = await replay_traces(traces, Policy(max_input=max_input), markers="client")
+        assert bill.markers == 4
+        assert bill.read_share > 0.85
+
+
+@pytest.mark.parametrize("markers", ["stage", "client"])
+async def test_replayed_breakpoints_stay_on_their_messages_between_events(markers: str) -> None:
+    """Turn after turn, a breakpoint other than the rolling one only sits on a message
+    that carried one in an earlier request since the last compaction event, and the
+    prefix breakpoint never moves."""
+    bill = await replay_traces(trajectories(REPLAYED), Policy(max_input=8_000), markers=markers)
+    events = 0
+    for reports in bill.reports:
+        carried: dict[Any, str] = {}
+        for previous, report in zip([None, *reports], reports, strict=False):
+            placed = breakpoints(report)
+            if previous is None or report.is_event_after(previous):
+                events += previous is not None
+                carried = placed
+                continue
+            for at, why in placed.items():
+                assert why == "rolling" or at in carried, (at, why, carried)
+            prefix = [at for at, why in carried.items() if why == "prefix"]
+            assert [at for at, why in placed.items() if why == "prefix"] in ([], prefix[-1:])
+            carried = {**carried, **placed}
+    assert events > 10
+
+
+def breakpoints(report: Any) -> dict[Any, str]:
+    return {m["at"]: m["why"] for m in stage_details(report).get("markers", ())}
+
+
+async def test_a_long_parallel_tool_round_still_reads_the_previous_turn() -> None:
+    """An agent turn that adds 24 blocks (12 parallel calls and their results) is past the
+    rolling marker's 20-block lookback: with the protective marker the request still
+    reads the whole previous prompt; without it only the system prompt."""
+    first = history(turns=3, output=200)
+    calls = [call(100 + n) for n in range(12)]
+    second = [
+        *first,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls),
+    ]
+    reads = []
+    for stage in (CacheMarkers(), CacheMarkers(protect_after=1_000)):
+        pipeline = Pipeline(stages=[stage])
+        cache = PrefixCache(COUNTER)
+        sent = await pipeline.compact({"model": CLAUDE, "messages": first}, now=1_000.0)
+        previous = to_anthropic(sent.request)
+        cache.usage(previous, now=1_000.0)
+        state = sent.state.answered(at=1_000.0)
+        later = await pipeline.compact(
+            {"model": CLAUDE, "messages": second}, state=state, now=1_010.0
+        )
+        reads.append(
+            cache.usage(to_anthropic(later.request), now=1_010.0)["cache_read_input_tokens"]
+        )
+    whole = sum(
+        p.tokens
+        for p in PrefixCache(COUNTER).positions(to_anthropic({"model": CLAUDE, "messages": first}))
+    )
+    system = sum(
+        p.tokens
+        for p in PrefixCache(COUNTER).positions(
+            to_anthropic({"model": CLAUDE, "messages": first[:1]})
+        )
+    )
+    assert reads == [whole, system]
