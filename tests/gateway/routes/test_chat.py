@@ -207,6 +207,8 @@ def test_tools_images_and_unknown_fields_forwarded_untouched(
         "temperature": 0.123456789,
         "vendor_extension": {"nested": [1, 2.5, None, "x"]},
         "seed": 18446744073709551615,
+        # The client's own key: without one, cache_markers adds the conversation's.
+        "prompt_cache_key": "client-chosen",
     }
     raw = orjson.dumps(body)
     response = httpx.post(
