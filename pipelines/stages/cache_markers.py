@@ -55,6 +55,8 @@ __all__ = ["CacheMarkers", "cache_key"]
 TOOLS: Final = -1
 """The site of the tools prefix (the last tool), beside message indices."""
 MAX_BREAKPOINTS: Final = 4
+LOOKBACK: Final = 20
+"""Blocks before a breakpoint where the providers still look for a cached prefix."""
 _SYSTEM_ROLES: Final = ("system", "developer")
 
 
@@ -160,8 +162,8 @@ class CacheMarkers:
                 return None
             return prompt.markable_at_or_before(end)
         total = prompt.blocks_after(-1)
-        if total <= self.protect_after + 5:
-            return None
+        if total <= LOOKBACK:
+            return None  # the rolling breakpoint reaches back to the start
         return prompt.markable_at_or_before(prompt.message_of_block(total - self.protect_after))
 
     def _segments_hold(
@@ -188,7 +190,17 @@ class _Prompt:
     the system messages, then the other messages; each site's prefix tokens and the
     blocks the Messages API makes of each message."""
 
-    __slots__ = ("_ctx", "_key", "_prefix", "anthropic", "messages", "order", "tools")
+    __slots__ = (
+        "_ctx",
+        "_key",
+        "_prefix",
+        "anthropic",
+        "counted",
+        "messages",
+        "order",
+        "system",
+        "tools",
+    )
 
     def __init__(
         self,
@@ -199,13 +211,16 @@ class _Prompt:
         anthropic: bool,
     ) -> None:
         self.messages, self.tools, self.anthropic, self._ctx = messages, tools, anthropic, ctx
+        flags = [m.get("role") in _SYSTEM_ROLES for m in messages]
+        self.system = [i for i, is_system in enumerate(flags) if is_system]
+        # The messages whose blocks follow one another in the Messages API's messages.
+        self.counted = (
+            [i for i, is_system in enumerate(flags) if not is_system]
+            if anthropic
+            else list(range(len(messages)))
+        )
         order = [TOOLS] if tools else []
-        if anthropic:
-            system = [m.get("role") in _SYSTEM_ROLES for m in messages]
-            order += [i for i, is_system in enumerate(system) if is_system]
-            order += [i for i, is_system in enumerate(system) if not is_system]
-        else:
-            order += range(len(messages))
+        order += [*self.system, *self.counted] if anthropic else self.counted
         self.order = order
         self._key = {site: rank for rank, site in enumerate(order)}
         self._prefix: dict[int, int] = {}
@@ -244,7 +259,13 @@ class _Prompt:
                 site = TOOLS if index == last else None
                 found.append((site, (self._key[TOOLS], index), _is_hour(marker)))
         for index, message in enumerate(self.messages):
-            found.extend((index, self.key(index), _is_hour(m)) for m in _markers(message))
+            # Most messages are a string and nothing else: looked at no further.
+            if (
+                "cache_control" in message
+                or type(message.get("content")) is list
+                or message.get("tool_calls")
+            ):
+                found.extend((index, self.key(index), _is_hour(m)) for m in _markers(message))
         return found
 
     def markable(self, index: int) -> bool:
@@ -260,11 +281,7 @@ class _Prompt:
 
     def prefix(self) -> int | None:
         """The last system message, else (Anthropic) the last tool."""
-        system = [
-            s
-            for s in self.order
-            if s != TOOLS and self.messages[s].get("role") in _SYSTEM_ROLES and self.markable(s)
-        ]
+        system = [s for s in self.system if self.markable(s)]
         if system:
             return system[-1]
         return TOOLS if self.anthropic and self.tools else None
@@ -276,28 +293,21 @@ class _Prompt:
         index = next((i for i, m in enumerate(self.messages) if m is message), None)
         return index if index is not None and self.markable(index) else None
 
-    def _counted(self) -> list[int]:
-        """The messages whose blocks follow one another in the Messages API's messages."""
-        if not self.anthropic:
-            return list(range(len(self.messages)))
-        return [i for i, m in enumerate(self.messages) if m.get("role") not in _SYSTEM_ROLES]
-
     def blocks_after(self, index: int) -> int:
         """Blocks of the messages after ``index``."""
-        return sum(_blocks(self.messages[i]) for i in self._counted() if i > index)
+        return sum(_blocks(self.messages[i]) for i in self.counted if i > index)
 
     def message_of_block(self, block: int) -> int:
         """The message holding the ``block``-th block (from 1)."""
         seen = 0
-        for index in self._counted():
+        for index in self.counted:
             seen += _blocks(self.messages[index])
             if seen >= block:
                 return index
         return len(self.messages) - 1
 
     def markable_at_or_before(self, index: int) -> int | None:
-        counted = self._counted()
-        for site in reversed(counted):
+        for site in reversed(self.counted):
             if site <= index and self.markable(site):
                 return site
         return None
