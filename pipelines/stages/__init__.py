@@ -1,8 +1,8 @@
 """The stages, in the one order they run (DESIGN section 4).
 
 ``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
-parameterise a stage, never reorder it. Stages that are not built yet are ``PassThrough``
-placeholders under their final names, so reports and headers already speak of all ten.
+parameterise a stage, never reorder it. ``PassThrough`` stands in for a stage under its
+name (to measure a pipeline without it), so reports and headers still speak of all ten.
 """
 
 from __future__ import annotations
