@@ -194,7 +194,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
     """The image block for OpenAI ``image_url`` part ``part``."""
     image = part.get("image_url")
-    url = image.get("url", "") if isinstance(image, Mapping) else str(image or "")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    url = url if isinstance(url, str) else ""
     found = _DATA_URL.fullmatch(url)
     if found is not None:
         source = {"type": "base64", "media_type": found["type"], "data": found["data"]}

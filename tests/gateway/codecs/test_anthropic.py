@@ -125,6 +125,28 @@ def test_images_become_base64_or_url_sources() -> None:
     assert linked["source"] == {"type": "url", "url": "https://example.com/b.png"}
 
 
+def test_an_image_part_without_a_usable_url_is_not_a_server_error() -> None:
+    """A malformed image part makes an image block the API will refuse with a 400, not
+    a crash in the gateway; a bare string URL (some clients send one) is still read."""
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": 5}},
+                        {"type": "image_url", "image_url": "https://example.com/c.png"},
+                    ],
+                }
+            ],
+        }
+    )
+    broken, bare = request["messages"][0]["content"]
+    assert broken["source"] == {"type": "url", "url": ""}
+    assert bare["source"] == {"type": "url", "url": "https://example.com/c.png"}
+
+
 PARIS = {"city": "Paris"}
 
 
