@@ -78,7 +78,6 @@ TOOL_USE_KEYS: Final = ("cache_control", "caller", "toolset_name")
 TOOL_RESULT_KEYS: Final = ("is_error", "toolset_name")
 """Keys of a ``tool_result`` block that its tool message carries as they are (its
 ``cache_control`` is the message-level marker)."""
-_THINKING: Final = frozenset({"thinking", "redacted_thinking"})
 _DATA_URL: Final = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.S)
 
 
@@ -158,7 +157,7 @@ def _marked(blocks: list[dict[str, Any]], message: Mapping[str, Any]) -> list[di
     block that can carry one."""
     if "cache_control" in message:
         for index in range(len(blocks) - 1, -1, -1):
-            if blocks[index].get("type") not in _THINKING:
+            if blocks[index].get("type") not in ("thinking", "redacted_thinking"):
                 blocks[index] = {**blocks[index], "cache_control": message["cache_control"]}
                 break
     return blocks

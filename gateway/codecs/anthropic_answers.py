@@ -349,7 +349,7 @@ def _stream_error(error: Any) -> dict[str, str]:
     if not isinstance(error, Mapping):
         return {"type": "api_error", "message": str(error)}
     kind = error.get("type")
-    if kind not in _KNOWN_ERRORS:
+    if not isinstance(kind, str) or kind not in _KNOWN_ERRORS:
         kind = _STREAM_ERRORS.get(str(error.get("code")), _STREAM_ERRORS.get(str(kind)))
     message = error.get("message")
     return {

@@ -5,11 +5,11 @@ The checks mirror the Messages API's for what the codec reads: the body is a JSO
 API requires it); ``messages`` a non-empty array of user and assistant turns whose
 ``content`` is a string or an array of blocks, each an object with a string ``type`` that
 is not an OpenAI part type (``image_url``, ...; the API has no such blocks) and, for the
-kinds the codec converts, the fields it reads, of the right types; ``system`` a
-string or an array of text blocks; ``tools`` an array of objects (a custom tool with a
-string ``name`` and an object ``input_schema``); ``stream`` a boolean, ``tool_choice`` an
-object, ``temperature``/``top_p`` numbers, ``stop_sequences`` strings. Everything else is
-the API's to check, and is forwarded untouched.
+kinds the codec converts, the fields it reads, of the right types; ``system`` a string or
+an array of text blocks; ``tools`` an array of objects (a custom tool with a string
+``name`` and an object ``input_schema``); ``stream`` a boolean; ``tool_choice`` an object
+(naming a tool by a string); ``temperature`` and ``top_p`` numbers; ``stop_sequences``
+strings. Everything else is the API's to check, and is forwarded untouched.
 
 Errors are ``InvalidRequest`` with the codes of ``codecs/openai.py`` (``invalid_json``,
 ``invalid_body``, ``missing_required_parameter``, ``invalid_type``, ``invalid_value``,
@@ -97,6 +97,8 @@ def _check_top_level(body: dict[str, Any]) -> None:
         if not isinstance(choice, dict):
             raise _type_error("tool_choice", "an object", choice)
         _check_fields(choice, "tool_choice", (("type", str),))
+        if choice["type"] == "tool":
+            _check_fields(choice, "tool_choice", (("name", str),))
 
 
 def _check_messages(messages: Any) -> None:

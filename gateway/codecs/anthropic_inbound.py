@@ -285,7 +285,7 @@ def openai_request(chat: Mapping[str, Any]) -> dict[str, Any]:
         for tool in chat.get("tools") or ()
         if tool.get("type") == "function"
     ]
-    names = {(tool["function"] or {}).get("name") for tool in tools}
+    names = [(tool["function"] or {}).get("name") for tool in tools]
     choice = request.get("tool_choice")
     if tools:
         request["tools"] = tools

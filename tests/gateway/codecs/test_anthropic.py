@@ -509,6 +509,12 @@ def test_a_message_level_marker_lands_on_the_last_block_of_its_message() -> None
     assert request["messages"][2]["content"][0]["tool_use_id"] == "c1"
     # Thinking blocks cannot carry a marker: an answer of nothing else carries none.
     assert all("cache_control" not in b for b in request["messages"][3]["content"][:2])
+    # A malformed block is not a thinking block: marked, for the API to refuse (a 400,
+    # not a crash here).
+    odd = {"role": "assistant", "thinking_blocks": [{"type": []}], "cache_control": EPHEMERAL}
+    assert _markers(to_messages({"model": "claude-sonnet-4", "messages": [odd]})) == [
+        ("0:assistant", [])
+    ]
 
 
 def test_anthropic_blocks_keys_and_tools_in_a_chat_request_pass_through() -> None:

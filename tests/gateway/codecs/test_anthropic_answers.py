@@ -373,6 +373,7 @@ def test_an_error_mid_stream_is_one_error_event_the_sdk_raises(upstream: MockUps
         ),
         ({"message": "calm", "type": "tokens", "code": "rate_limit_exceeded"}, "rate_limit_error"),
         ("plain text", "api_error"),
+        ({"type": ["odd"], "message": 5}, "api_error"),
     ],
 )
 def test_error_chunks_of_other_shapes_get_an_anthropic_type(error: Any, kind: str) -> None:

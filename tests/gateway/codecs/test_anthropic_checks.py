@@ -154,6 +154,7 @@ CASES: list[tuple[Any, str, str | None]] = [
     ({**BASE, "stop_sequences": "END"}, "invalid_type", "stop_sequences"),
     ({**BASE, "tool_choice": "auto"}, "invalid_type", "tool_choice"),
     ({**BASE, "tool_choice": {}}, "missing_required_parameter", "tool_choice.type"),
+    ({**BASE, "tool_choice": {"type": "tool", "name": []}}, "invalid_type", "tool_choice.name"),
     ({**BASE, "metadata": deep(300)}, "nesting_too_deep", "metadata"),
     (
         with_turns({"role": "assistant", "content": [{**USE, "input": deep(300)}]}),
