@@ -8,18 +8,28 @@ Anthropic (and the inbound ``/v1/messages`` route) are built on these.
 
 The mapping:
 
-- system and developer messages -> ``system`` (text blocks, in order, ``cache_control``
-  kept); every other message keeps its place.
-- user content: text parts -> text blocks; ``image_url`` parts -> image blocks (a data URL
-  becomes a base64 source, any other URL a url source).
+- system and developer messages -> ``system`` (text blocks, in order, every key of a
+  text part kept); every other message keeps its place.
+- user content: text parts -> text blocks (every key kept); ``image_url`` parts -> image
+  blocks (a data URL becomes a base64 source, any other URL a url source); a part of a
+  type OpenAI does not have (``document``, ``search_result``, ... as the inbound
+  ``/v1/messages`` codec carries them) is an Anthropic block already and goes as it is;
+  the other OpenAI part types (audio, files, refusals) cannot be expressed and are left out.
 - assistant: ``thinking_blocks`` (``thinking`` with its signature, ``redacted_thinking``
-  with its data) first, as they came, then text, then each tool call as a ``tool_use``
-  block whose ``input`` is the parsed arguments.
-- tool messages -> ``tool_result`` blocks; consecutive ones, and the user message right
-  after them, form one user turn (the API wants every result of an assistant turn's calls
-  in the next user turn).
-- tools -> ``name``/``description``/``input_schema``; ``tool_choice`` auto/none/required/
-  a named function -> auto/none/any/tool; ``parallel_tool_calls: false`` ->
+  with its data) first, as they came, then the content's blocks, then each tool call as a
+  ``tool_use`` block whose ``input`` is the parsed arguments (a call's ``cache_control``,
+  ``caller`` and ``toolset_name`` kept on it).
+- tool messages -> ``tool_result`` blocks (``content`` whole, none when the message has
+  none; ``is_error`` and ``toolset_name`` kept); consecutive ones, and the user message
+  right after them, form one user turn (the API wants every result of an assistant turn's
+  calls in the next user turn).
+- a message-level ``cache_control`` (LiteLLM's convention, and the ``cache_markers``
+  stage's) goes on the last block the message becomes that can carry one (not a thinking
+  block): a tool message's ``tool_result``, an assistant's last ``tool_use`` if any.
+- function tools -> ``name``/``description``/``input_schema`` plus the tool's other
+  top-level keys (``cache_control``, ``strict``, ...); a tool of another type (an
+  Anthropic server tool) goes as it is. ``tool_choice`` auto/none/required/a named
+  function -> auto/none/any/tool; ``parallel_tool_calls: false`` ->
   ``disable_parallel_tool_use``.
 - ``max_completion_tokens`` or ``max_tokens`` -> ``max_tokens`` (required by the API: the
   given default when absent); ``stop`` -> ``stop_sequences``; ``temperature``, ``top_p``,
@@ -44,7 +54,14 @@ import orjson
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["Accumulator", "ChunkTranslator", "from_message", "to_messages"]
+__all__ = [
+    "Accumulator",
+    "ChunkTranslator",
+    "anthropic_tool",
+    "from_message",
+    "image_block",
+    "to_messages",
+]
 
 STOP_REASONS: Final = {
     "end_turn": "stop",
@@ -54,6 +71,13 @@ STOP_REASONS: Final = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
+OPENAI_PARTS: Final = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+"""The chat format's content part types; a part of another type is an Anthropic block."""
+TOOL_USE_KEYS: Final = ("cache_control", "caller", "toolset_name")
+"""Keys of a ``tool_use`` block that its tool call carries as they are."""
+TOOL_RESULT_KEYS: Final = ("is_error", "toolset_name")
+"""Keys of a ``tool_result`` block that its tool message carries as they are (its
+``cache_control`` is the message-level marker)."""
 _DATA_URL: Final = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.S)
 
 
@@ -65,18 +89,20 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     for message in body.get("messages", ()):
         role = message.get("role")
         if role in ("system", "developer"):
-            system.extend(_text_blocks(message.get("content")))
+            system.extend(_marked(_text_blocks(message.get("content")), message))
         elif role == "tool":
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": message.get("tool_call_id"),
-                "content": _result_content(message.get("content")),
             }
-            _append(turns, "user", [block], results=True)
+            if message.get("content") is not None:
+                block["content"] = _result_content(message["content"])
+            block.update({key: message[key] for key in TOOL_RESULT_KEYS if key in message})
+            _append(turns, "user", _marked([block], message))
         elif role == "assistant":
-            _append(turns, "assistant", _assistant_blocks(message))
+            _append(turns, "assistant", _marked(_assistant_blocks(message), message))
         else:
-            _append(turns, "user", _user_blocks(message.get("content")))
+            _append(turns, "user", _marked(_blocks(message.get("content")), message))
     # The API refuses empty turns (an assistant answer that was empty, a user message of
     # parts it cannot carry): they are left out, their neighbours joined.
     turns = _joined([t for t in turns if t["content"]])
@@ -97,7 +123,7 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
         request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
     tools = body.get("tools")
     if tools:
-        request["tools"] = [_tool(t) for t in tools]
+        request["tools"] = [anthropic_tool(t) for t in tools]
     choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         request["tool_choice"] = choice
@@ -107,9 +133,7 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     return request
 
 
-def _append(
-    turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], results: bool = False
-) -> None:
+def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
     """Add ``blocks`` as a turn of ``role``, joining the previous turn when it has the same
     role (tool results and the user message after them make one user turn)."""
     if turns and turns[-1]["role"] == role:
@@ -128,43 +152,56 @@ def _joined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _text_blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    blocks = []
-    for part in content or ():
-        if isinstance(part, Mapping) and part.get("type") == "text" and part.get("text"):
-            block: dict[str, Any] = {"type": "text", "text": part.get("text", "")}
-            if part.get("cache_control"):
-                block["cache_control"] = part["cache_control"]
-            blocks.append(block)
+def _marked(blocks: list[dict[str, Any]], message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``blocks`` with ``message``'s message-level ``cache_control``, if any, on the last
+    block that can carry one."""
+    if "cache_control" in message:
+        for index in range(len(blocks) - 1, -1, -1):
+            if blocks[index].get("type") not in ("thinking", "redacted_thinking"):
+                blocks[index] = {**blocks[index], "cache_control": message["cache_control"]}
+                break
     return blocks
 
 
-def _user_blocks(content: Any) -> list[dict[str, Any]]:
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return [
+        dict(part)
+        for part in content or ()
+        if isinstance(part, Mapping) and part.get("type") == "text" and part.get("text")
+    ]
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
     for part in content or ():
         if not isinstance(part, Mapping):
             continue
-        if part.get("type") == "image_url":
-            blocks.append(_image(part))
-        else:
+        kind = part.get("type")
+        if kind == "image_url":
+            blocks.append(image_block(part))
+        elif kind == "text":
             blocks.extend(_text_blocks([part]))
+        elif kind not in OPENAI_PARTS:
+            blocks.append(dict(part))
     return blocks
 
 
-def _image(part: Mapping[str, Any]) -> dict[str, Any]:
+def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
+    """The image block for OpenAI ``image_url`` part ``part``."""
     image = part.get("image_url")
-    url = image.get("url", "") if isinstance(image, Mapping) else str(image or "")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    url = url if isinstance(url, str) else ""
     found = _DATA_URL.fullmatch(url)
     if found is not None:
         source = {"type": "base64", "media_type": found["type"], "data": found["data"]}
     else:
         source = {"type": "url", "url": url}
     block: dict[str, Any] = {"type": "image", "source": source}
-    if part.get("cache_control"):
+    if "cache_control" in part:
         block["cache_control"] = part["cache_control"]
     return block
 
@@ -172,14 +209,14 @@ def _image(part: Mapping[str, Any]) -> dict[str, Any]:
 def _result_content(content: Any) -> Any:
     if isinstance(content, str):
         return content
-    return _user_blocks(content)
+    return _blocks(content)
 
 
 def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [
         dict(b) for b in message.get("thinking_blocks") or () if isinstance(b, Mapping)
     ]
-    blocks.extend(_text_blocks(message.get("content")))
+    blocks.extend(_blocks(message.get("content")))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
         arguments = function.get("arguments") or "{}"
@@ -192,27 +229,31 @@ def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"tool call {call.get('id')} has arguments that are not a JSON object",
                 param="messages",
             )
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": parsed,
-            }
-        )
+        block = {
+            "type": "tool_use",
+            "id": call.get("id"),
+            "name": function.get("name"),
+            "input": parsed,
+        }
+        block.update({key: call[key] for key in TOOL_USE_KEYS if key in call})
+        blocks.append(block)
     return blocks
 
 
-def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+def anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The Messages API tool for chat tool ``tool``: a function tool's ``name``,
+    ``description`` and ``input_schema`` with its other top-level keys; any other tool
+    as it is."""
+    if tool.get("type", "function" if "function" in tool else None) != "function":
+        return dict(tool)
     function = tool.get("function") or {}
     out: dict[str, Any] = {
         "name": function.get("name"),
         "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
     }
-    if function.get("description"):
+    if function.get("description") is not None:
         out["description"] = function["description"]
-    if tool.get("cache_control"):
-        out["cache_control"] = tool["cache_control"]
+    out.update({key: value for key, value in tool.items() if key not in ("type", "function")})
     return out
 
 

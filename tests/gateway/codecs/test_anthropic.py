@@ -125,6 +125,28 @@ def test_images_become_base64_or_url_sources() -> None:
     assert linked["source"] == {"type": "url", "url": "https://example.com/b.png"}
 
 
+def test_an_image_part_without_a_usable_url_is_not_a_server_error() -> None:
+    """A malformed image part makes an image block the API will refuse with a 400, not
+    a crash in the gateway; a bare string URL (some clients send one) is still read."""
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": 5}},
+                        {"type": "image_url", "image_url": "https://example.com/c.png"},
+                    ],
+                }
+            ],
+        }
+    )
+    broken, bare = request["messages"][0]["content"]
+    assert broken["source"] == {"type": "url", "url": ""}
+    assert bare["source"] == {"type": "url", "url": "https://example.com/c.png"}
+
+
 PARIS = {"city": "Paris"}
 
 
@@ -266,12 +288,14 @@ def test_the_accumulated_answer_is_what_the_anthropic_sdk_makes_of_the_stream(
     import anthropic
 
     upstream.push(SSEReply(events_of(name)))
-    client = anthropic.Anthropic(
-        base_url=upstream.base_url.removesuffix("/v1"), api_key="sk-ant-test", max_retries=0
-    )
-    with client.messages.stream(
-        model="claude-sonnet-4", max_tokens=100, messages=[{"role": "user", "content": "Hi"}]
-    ) as stream:
+    with (
+        anthropic.Anthropic(
+            base_url=upstream.base_url.removesuffix("/v1"), api_key="sk-ant-test", max_retries=0
+        ) as client,
+        client.messages.stream(
+            model="claude-sonnet-4", max_tokens=100, messages=[{"role": "user", "content": "Hi"}]
+        ) as stream,
+    ):
         final = stream.get_final_message()
     ours = recorded(name)
     theirs = final.model_dump(mode="json", exclude_none=True)
@@ -410,3 +434,151 @@ def test_a_streamed_call_without_arguments_gets_an_empty_object() -> None:
         for call in c["choices"][0]["delta"].get("tool_calls", ())
     )
     assert arguments == "{}"
+
+
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def _markers(request: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Where ``cache_control`` appears in a Messages request: (place, block type) pairs."""
+    found = [("system", b["type"]) for b in request.get("system", ()) if "cache_control" in b]
+    for number, turn in enumerate(request["messages"]):
+        assert set(turn) == {"role", "content"}
+        found += [
+            (f"{number}:{turn['role']}", b["type"]) for b in turn["content"] if "cache_control" in b
+        ]
+    return found
+
+
+def test_a_message_level_marker_lands_on_the_last_block_of_its_message() -> None:
+    """A ``cache_control`` on a whole message (the cache_markers stage's, LiteLLM's) marks
+    the last block that message becomes, and no other block or turn."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    thought = {"type": "thinking", "thinking": "Hm.", "signature": "c2ln"}
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+                    "cache_control": EPHEMERAL,
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look."},
+                        {"type": "image_url", "image_url": {"url": INLINE}},
+                    ],
+                    "cache_control": EPHEMERAL,
+                },
+                {
+                    "role": "assistant",
+                    "content": "Calling.",
+                    "tool_calls": [call, {**call, "id": "c2"}],
+                    "cache_control": EPHEMERAL,
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "1", "cache_control": EPHEMERAL},
+                {"role": "tool", "tool_call_id": "c2", "content": "2"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "thinking_blocks": [thought],
+                    "cache_control": EPHEMERAL,
+                },
+                {"role": "user", "content": "Go on.", "cache_control": EPHEMERAL},
+                {
+                    "role": "assistant",
+                    "content": "Done.",
+                    "thinking_blocks": [thought],
+                    "cache_control": EPHEMERAL,
+                },
+            ],
+        }
+    )
+    assert _markers(request) == [
+        ("system", "text"),
+        ("0:user", "image"),
+        ("1:assistant", "tool_use"),
+        ("2:user", "tool_result"),
+        ("4:user", "text"),
+        ("5:assistant", "text"),
+    ]
+    assert request["system"][1]["cache_control"] == EPHEMERAL
+    assert request["messages"][1]["content"][-1]["id"] == "c2"
+    assert request["messages"][2]["content"][0]["tool_use_id"] == "c1"
+    # Thinking blocks cannot carry a marker: an answer of nothing else carries none.
+    assert all("cache_control" not in b for b in request["messages"][3]["content"][:2])
+    # A malformed block is not a thinking block: marked, for the API to refuse (a 400,
+    # not a crash here).
+    odd = {"role": "assistant", "thinking_blocks": [{"type": []}], "cache_control": EPHEMERAL}
+    assert _markers(to_messages({"model": "claude-sonnet-4", "messages": [odd]})) == [
+        ("0:assistant", [])
+    ]
+
+
+def test_anthropic_blocks_keys_and_tools_in_a_chat_request_pass_through() -> None:
+    """What the inbound /v1/messages codec carries in the chat form reaches Anthropic as
+    it was: block keys, blocks OpenAI has no part for, error flags, server tools."""
+    cited = {"type": "text", "text": "Per the memo.", "citations": None, "cache_control": EPHEMERAL}
+    document = {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": "Memo."},
+        "citations": {"enabled": True},
+    }
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "read", "arguments": '{"path":"memo.txt"}'},
+        "cache_control": EPHEMERAL,
+    }
+    server_tool = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    request = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        cited,
+                        document,
+                        {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
+                    ],
+                },
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": [document], "is_error": True},
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "read", "parameters": {"type": "object"}},
+                    "cache_control": EPHEMERAL,
+                    "strict": True,
+                },
+                server_tool,
+            ],
+        }
+    )
+    user, assistant, results = request["messages"]
+    assert user["content"] == [cited, document]
+    assert assistant["content"] == [
+        {
+            "type": "tool_use",
+            "id": "c1",
+            "name": "read",
+            "input": {"path": "memo.txt"},
+            "cache_control": EPHEMERAL,
+        }
+    ]
+    assert results["content"] == [
+        {"type": "tool_result", "tool_use_id": "c1", "content": [document], "is_error": True}
+    ]
+    assert request["tools"] == [
+        {
+            "name": "read",
+            "input_schema": {"type": "object"},
+            "cache_control": EPHEMERAL,
+            "strict": True,
+        },
+        server_tool,
+    ]

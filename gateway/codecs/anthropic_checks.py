@@ -1,0 +1,237 @@
+"""Checking an inbound Anthropic Messages request body, for the ``/v1/messages`` route.
+
+The checks mirror the Messages API's for what the codec reads: the body is a JSON object;
+``model`` a non-empty string; ``max_tokens`` an integer of at least 1 (required, as the
+API requires it); ``messages`` a non-empty array of user and assistant turns whose
+``content`` is a string or an array of blocks, each an object with a string ``type`` that
+is not an OpenAI part type (``image_url``, ...; the API has no such blocks) and, for the
+kinds the codec converts, the fields it reads, of the right types; ``system`` a string or
+an array of text blocks; ``tools`` an array of objects (a custom tool with a string
+``name`` and an object ``input_schema``); ``stream`` a boolean; ``tool_choice`` an object
+(naming a tool by a string); ``temperature`` and ``top_p`` numbers; ``stop_sequences``
+strings. Everything else is the API's to check, and is forwarded untouched.
+
+Errors are ``InvalidRequest`` with the codes of ``codecs/openai.py`` (``invalid_json``,
+``invalid_body``, ``missing_required_parameter``, ``invalid_type``, ``invalid_value``,
+``nesting_too_deep``) and an Anthropic-style ``param`` path, such as
+``messages.2.content.0.input``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from gateway.codecs.anthropic import OPENAI_PARTS
+from gateway.errors import InvalidRequest
+
+__all__ = ["checked_body"]
+
+_Fields = tuple[tuple[str, type], ...]
+_BLOCK_FIELDS: Final[dict[str, _Fields]] = {
+    "text": (("text", str),),
+    "image": (("source", dict),),
+    "tool_use": (("id", str), ("name", str), ("input", dict)),
+    "tool_result": (("tool_use_id", str),),
+    "thinking": (("thinking", str), ("signature", str)),
+    "redacted_thinking": (("data", str),),
+}
+"""The fields the codec reads from a block of each kind, with their types (other fields,
+and other kinds of block, are the API's to check)."""
+_SOURCE_FIELDS: Final[dict[Any, _Fields]] = {
+    "base64": (("media_type", str), ("data", str)),
+    "url": (("url", str),),
+}
+_CUSTOM_TOOL: Final[_Fields] = (("name", str), ("input_schema", dict))
+_NAMES: Final[dict[type, str]] = {str: "a string", dict: "an object", bool: "a boolean"}
+_MAX_NESTING: Final = 255
+
+
+def checked_body(raw: bytes) -> dict[str, Any]:
+    """The Messages request in ``raw``, or ``InvalidRequest`` naming what is wrong."""
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            f"The request body must be a JSON object, got {_json_type(body)}.", code="invalid_body"
+        )
+    # First: the checks below recurse into tool results.
+    _check_nesting(body)
+    _check_top_level(body)
+    _check_messages(body.get("messages"))
+    _check_system(body.get("system"))
+    _check_tools(body.get("tools"))
+    return body
+
+
+def _check_top_level(body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _type_error("model", "a non-empty string", model)
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise _type_error("max_tokens", "an integer", max_tokens)
+    if max_tokens < 1:
+        raise _value_error("max_tokens", "an integer of at least 1", max_tokens)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _type_error("stream", "a boolean", stream)
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise _type_error(name, "a number", value)
+    stops = body.get("stop_sequences")
+    if stops is not None and not (
+        isinstance(stops, list) and all(isinstance(s, str) for s in stops)
+    ):
+        raise _type_error("stop_sequences", "an array of strings", stops)
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if not isinstance(choice, dict):
+            raise _type_error("tool_choice", "an object", choice)
+        _check_fields(choice, "tool_choice", (("type", str),))
+        if choice["type"] == "tool":
+            _check_fields(choice, "tool_choice", (("name", str),))
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list):
+        raise _type_error("messages", "an array of messages", messages)
+    if not messages:
+        raise _value_error("messages", "at least one message", messages)
+    for index, turn in enumerate(messages):
+        param = f"messages.{index}"
+        if not isinstance(turn, dict):
+            raise _type_error(param, "an object", turn)
+        role = turn.get("role")
+        if role not in ("user", "assistant"):
+            if role is None:
+                raise _type_error(f"{param}.role", "a string", role)
+            raise _value_error(f"{param}.role", "one of assistant, user", role)
+        _check_content(turn.get("content"), f"{param}.content")
+
+
+def _check_system(system: Any) -> None:
+    if system is None or isinstance(system, str):
+        return
+    if not isinstance(system, list):
+        raise _type_error("system", "a string or an array of text blocks", system)
+    for index, block in enumerate(system):
+        _check_block(block, f"system.{index}")
+        if block["type"] != "text":
+            raise _value_error(f"system.{index}.type", "'text'", block["type"])
+
+
+def _check_tools(tools: Any) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise _type_error("tools", "an array of tools", tools)
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise _type_error(f"tools.{index}", "an object", tool)
+        if tool.get("type", "custom") == "custom":
+            _check_fields(tool, f"tools.{index}", _CUSTOM_TOOL)
+
+
+def _check_content(content: Any, param: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _type_error(param, "a string or an array of content blocks", content)
+    for index, block in enumerate(content):
+        _check_block(block, f"{param}.{index}")
+
+
+def _check_block(block: Any, param: str) -> None:
+    if not isinstance(block, dict):
+        raise _type_error(param, "an object", block)
+    _check_fields(block, param, (("type", str),))
+    kind = block["type"]
+    if kind in OPENAI_PARTS and kind != "text":
+        # The chat form tells OpenAI parts from Anthropic blocks by their type.
+        raise _value_error(f"{param}.type", "a Messages content block type", kind)
+    _check_fields(block, param, _BLOCK_FIELDS.get(kind, ()))
+    if kind == "image":
+        source = block["source"]
+        _check_fields(source, f"{param}.source", _SOURCE_FIELDS.get(source.get("type"), ()))
+    elif kind == "tool_result":
+        if block.get("content") is not None:
+            _check_content(block["content"], f"{param}.content")
+        if block.get("is_error") is not None:
+            _check_fields(block, param, (("is_error", bool),))
+
+
+def _check_fields(value: dict[str, Any], param: str, fields: _Fields) -> None:
+    for name, kind in fields:
+        if not isinstance(value.get(name), kind):
+            raise _type_error(f"{param}.{name}", _NAMES[kind], value.get(name))
+
+
+def _check_nesting(body: dict[str, Any]) -> None:
+    """Refuse a body nested too deeply to be written out again (orjson stops at 255
+    levels, the parser at 1,024), with a level to spare: the chat form is a level deeper
+    in places (a tool's ``function``)."""
+    if not _too_deep(body, 1):
+        return
+    param = next((key for key, value in body.items() if _too_deep(value, 2)), None)
+    if param == "messages" and isinstance(body["messages"], list):
+        index = next(i for i, turn in enumerate(body["messages"]) if _too_deep(turn, 3))
+        param = f"messages.{index}"
+    raise InvalidRequest(
+        f"The request is nested too deeply (over {_MAX_NESTING - 1} levels).",
+        code="nesting_too_deep",
+        param=param,
+    )
+
+
+def _too_deep(value: Any, depth: int) -> bool:
+    """Whether ``value``, ``depth`` levels down, is deeper than orjson writes."""
+    for _ in range(depth):
+        value = [value]
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:
+    if got is None:
+        return InvalidRequest(
+            f"Missing required parameter: '{param}' (expected {expected}).",
+            code="missing_required_parameter",
+            param=param,
+        )
+    return InvalidRequest(
+        f"Invalid type for '{param}': expected {expected}, but got {_json_type(got)}.",
+        code="invalid_type",
+        param=param,
+    )
+
+
+def _value_error(param: str, expected: str, got: Any) -> InvalidRequest:
+    shown = orjson.dumps(got).decode()
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return InvalidRequest(
+        f"Invalid value for '{param}': expected {expected}, got {shown}.",
+        code="invalid_value",
+        param=param,
+    )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
