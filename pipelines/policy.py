@@ -77,6 +77,10 @@ class Policy:
     """Seconds a summary call may take."""
     offload_ttl: int = 86_400
     """Seconds an offloaded object is kept."""
+    cache_markers: bool = True
+    """Whether the gateway adds prompt-cache breakpoints (Anthropic, Qwen) and a
+    ``prompt_cache_key`` (OpenAI); ``false`` for a client that places its own. Cache
+    breaks are still detected either way."""
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -93,6 +97,8 @@ class Policy:
             raise PolicyError(
                 "target", f"must be below trigger ({self.trigger}), got {self.target}"
             )
+        if not isinstance(self.cache_markers, bool):
+            raise PolicyError("cache-markers", f"must be a boolean, got {self.cache_markers!r}")
         if self.summary_model is not None and not self.summary_model.strip():
             raise PolicyError("summary-model", "must not be empty")
 
@@ -144,10 +150,15 @@ _FIELD_TYPES: Final[Mapping[str, type]] = {
     "summary_model": str,
     "summary_timeout": float,
     "offload_ttl": int,
+    "cache_markers": bool,
 }
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise PolicyError(key, f"must be a boolean (?1 or ?0), got {value!r}")
+        return value
     if kind is str:
         if not isinstance(value, str):
             raise PolicyError(key, f"must be a string or token, got {value!r}")

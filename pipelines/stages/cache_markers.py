@@ -34,6 +34,8 @@ content becomes one text part), as DashScope takes them over the OpenAI wire.
 identity) on requests that long unless the client set one, so that the conversation's
 requests are routed to the same cache.
 
+A policy with ``cache-markers=?0`` adds neither (the client places its own).
+
 **Every family**: the stage predicts cache breaks (``pipelines.cache_break``) against the
 conversation's record, and records the fingerprints for the next request.
 """
@@ -86,7 +88,9 @@ class CacheMarkers:
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         family = ctx.model.family
         result = conversation
-        if family in ("anthropic", "qwen"):
+        if not ctx.policy.cache_markers:
+            pass
+        elif family in ("anthropic", "qwen"):
             result = self._marked(conversation, ctx, anthropic=family == "anthropic")
         elif family == "openai":
             result = _keyed(conversation, ctx, self.min_tokens)

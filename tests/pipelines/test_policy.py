@@ -29,6 +29,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "summary-model": None,
         "summary-timeout": 20.0,
         "offload-ttl": 86_400,
+        "cache-markers": True,
     }
 
 
@@ -42,6 +43,7 @@ def test_from_mapping_applies_wire_names_on_a_base() -> None:
         50_000,
         4,
     )
+    assert not Policy.from_mapping({"cache-markers": False}).cache_markers
 
 
 @pytest.mark.parametrize(
@@ -59,6 +61,8 @@ def test_from_mapping_applies_wire_names_on_a_base() -> None:
         ({"max_input": 9000}, "max_input", "unknown key"),
         ({"max-input": 1000}, "max-input", "between 4000"),
         ({"trigger": 0.4}, "trigger", "above target"),
+        ({"cache-markers": 0}, "cache-markers", "boolean"),
+        ({"cache-markers": "no"}, "cache-markers", "boolean"),
     ],
 )
 def test_bad_values_name_the_key(values: dict[str, object], key: str, fragment: str) -> None:

@@ -273,6 +273,25 @@ def first_id(messages: list[dict[str, Any]]) -> str:
     return conversation_id("", messages)
 
 
+async def test_a_policy_without_cache_markers_adds_none_but_still_sees_breaks() -> None:
+    """``cache-markers=?0``: no breakpoint for Claude and no prompt_cache_key for gpt-4o
+    (a client that places its own), while a changed system prompt is still a break."""
+    off = Policy(cache_markers=False)
+    pipeline = Pipeline(stages=[CacheMarkers()])
+    for model in (CLAUDE, "gpt-4o"):
+        result = await pipeline.compact({"model": model, "messages": history()}, policy=off)
+        assert not result.changed
+    first = await pipeline.compact({"model": CLAUDE, "messages": history()}, policy=off)
+    state = first.state.answered(at=1_000.0)
+    edited = history()
+    edited[0] = {"role": "system", "content": POLICY + " Be brief."}
+    second = await pipeline.compact(
+        {"model": CLAUDE, "messages": edited}, policy=off, state=state, now=1_005.0
+    )
+    assert second.report.cache_break == "system"
+    assert not second.changed
+
+
 async def test_families_without_cache_hints_are_left_alone() -> None:
     """DeepSeek and unknown models cache on their own: the request is not changed."""
     for model in ("deepseek-chat", "some-local-model"):
