@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 import anthropic
 import httpx
@@ -30,6 +30,7 @@ import orjson
 from gateway.codecs.anthropic import ChunkTranslator, from_message, to_messages
 from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
 from gateway.settings import AnthropicSettings, UpstreamSettings
+from gateway.sse import event_data
 from gateway.upstream import ResponseReading
 
 __all__ = ["AnthropicUpstream"]
@@ -102,42 +103,67 @@ class AnthropicUpstream(ResponseReading):
         body = orjson.loads(content or b"{}")
         model = str(body.get("model", ""))
         request = to_messages(body, default_max_tokens=self.max_tokens_for(model))
-        streamed = bool(request.pop("stream", False))
+        response = await self.send_messages(orjson.dumps(request), headers)
+        created = int(time.time())
+        if not response.is_success:
+            error = await self.read_body(response, self.settings.max_error_body_bytes)
+            kept = [(k, v) for k, v in response.headers.multi_items() if _relayed_on_error(k)]
+            return httpx.Response(
+                response.status_code,
+                headers=[*kept, ("content-type", "application/json")],
+                content=_openai_error(response.status_code, error),
+            )
+        if request.get("stream"):
+            options = body.get("stream_options") or {}
+            translator = ChunkTranslator(
+                created=created, include_usage=bool(options.get("include_usage"))
+            )
+            return httpx.Response(
+                200,
+                headers={"content-type": "text/event-stream; charset=utf-8"},
+                stream=_Chunks(self.events(response), translator),
+            )
+        message = orjson.loads(await self.read_body(response))
+        answer = from_message(message, created=created)
+        return httpx.Response(
+            200, headers={"content-type": "application/json"}, content=orjson.dumps(answer)
+        )
+
+    async def send_messages(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        """Anthropic's own answer to the Messages request in ``content``, status, headers
+        and bytes as they come (the body still on the wire, for streams)."""
+        return await self._raw("/v1/messages", content, headers, stream=True)
+
+    async def count_tokens(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        """Anthropic's ``count_tokens`` answer for the Messages request in ``content``."""
+        return await self._raw("/v1/messages/count_tokens", content, headers, stream=False)
+
+    async def _raw(
+        self, path: str, content: bytes, headers: Mapping[str, str], *, stream: bool
+    ) -> httpx.Response:
         client = self._client.with_options(api_key=_key(headers))
         extra = {name: headers[name] for name in _PASSED if name in headers}
-        messages: Any = client.messages
-        created = int(time.time())
+        extra["content-type"] = "application/json"
         try:
-            if streamed:
-                events = await messages.create(**request, stream=True, extra_headers=extra)
-                options = body.get("stream_options") or {}
-                translator = ChunkTranslator(
-                    created=created, include_usage=bool(options.get("include_usage"))
-                )
-                return httpx.Response(
-                    200,
-                    headers={"content-type": "text/event-stream; charset=utf-8"},
-                    stream=_Chunks(events, translator),
-                )
-            message = await messages.create(**request, extra_headers=extra)
+            response = await client.post(
+                path,
+                cast_to=httpx2.Response,
+                content=content,
+                options={"headers": extra},
+                stream=stream,
+            )
         except anthropic.APIStatusError as exc:
-            relayed = {
-                name: value
-                for name, value in exc.response.headers.items()
-                if name.lower() in _RELAYED or name.lower().startswith("anthropic-ratelimit-")
-            }
             return httpx.Response(
                 exc.status_code,
-                headers={**relayed, "content-type": "application/json"},
-                content=_error_body(exc),
+                headers=_relayed(exc.response.headers),
+                content=exc.response.content,
             )
         except anthropic.APITimeoutError as exc:
             raise UpstreamTimeout("The upstream did not answer in time.") from exc
         except anthropic.APIConnectionError as exc:
             raise UpstreamUnreachable("The upstream could not be reached.") from exc
-        answer = from_message(message.model_dump(mode="json", exclude_none=True), created=created)
         return httpx.Response(
-            200, headers={"content-type": "application/json"}, content=orjson.dumps(answer)
+            response.status_code, headers=_relayed(response.headers), stream=_Bytes(response)
         )
 
     async def aclose(self) -> None:
@@ -151,44 +177,80 @@ def _key(headers: Mapping[str, str]) -> str:
     return headers.get("x-api-key", "")
 
 
-def _error_body(exc: anthropic.APIStatusError) -> bytes:
-    body: Mapping[str, Any] = exc.body if isinstance(exc.body, Mapping) else {}
-    found = body.get("error")
-    error: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    message = str(error.get("message") or exc.message)
-    kind = str(error.get("type") or _ERROR_TYPES.get(exc.status_code, "api_error"))
+def _relayed_on_error(name: str) -> bool:
+    lower = name.lower()
+    return lower in _RELAYED or lower.startswith("anthropic-ratelimit-")
+
+
+def _openai_error(status: int, body: bytes) -> bytes:
+    """An Anthropic error body in OpenAI's envelope (``type`` and ``code`` are Anthropic's
+    error type)."""
+    try:
+        found = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        found = None
+    error = found.get("error") if isinstance(found, dict) else None
+    error = error if isinstance(error, dict) else {}
+    message = str(error.get("message") or body[:300].decode("utf-8", "replace") or status)
+    kind = str(error.get("type") or _ERROR_TYPES.get(status, "api_error"))
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": kind}})
+
+
+def _relayed(headers: httpx2.Headers) -> list[tuple[str, str]]:
+    """An Anthropic answer's headers, less what described its encoding on the wire (its
+    body is handed on decoded)."""
+    return [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+
+
+class _Bytes(httpx.AsyncByteStream):
+    """An answer of the SDK's HTTP library read on as the gateway's, with its transport
+    errors mapped the same way."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        self.response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.aiter_bytes():
+                yield chunk
+        except httpx2.TimeoutException as exc:
+            raise UpstreamTimeout(
+                f"The upstream stopped sending its answer ({type(exc).__name__})."
+            ) from exc
+        except httpx2.HTTPError as exc:
+            raise UpstreamStreamBroken(
+                f"The upstream broke its answer off ({type(exc).__name__})."
+            ) from exc
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
 
 
 class _Chunks(httpx.AsyncByteStream):
     """The Messages stream as OpenAI server-sent events, each made when its event comes."""
 
-    def __init__(self, events: Any, translator: ChunkTranslator) -> None:
+    def __init__(self, events: AsyncIterator[bytes], translator: ChunkTranslator) -> None:
         self.events, self.translator = events, translator
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for event in self.events:
-                for chunk in self.translator.add(event.model_dump(mode="json")):
-                    yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-        except httpx2.TimeoutException as exc:
-            # The SDK does not wrap transport errors met while a stream is read: they are
-            # the gateway's own upstream errors (a terminal event, or 502/504 before any).
-            raise UpstreamTimeout(
-                f"The upstream stopped sending in the middle of the stream ({type(exc).__name__})."
-            ) from exc
-        except httpx2.HTTPError as exc:
-            raise UpstreamStreamBroken(
-                f"The upstream broke the stream off ({type(exc).__name__})."
-            ) from exc
-        except anthropic.APIStatusError as exc:
-            yield b"data: " + _error_body(exc) + b"\n\n"
-            return
-        except anthropic.APIError as exc:
-            error = {"error": {"message": str(exc), "type": "api_error", "code": "api_error"}}
-            yield b"data: " + orjson.dumps(error) + b"\n\n"
-            return
+        async for event in self.events:
+            try:
+                data = orjson.loads(event_data(event))
+            except orjson.JSONDecodeError:
+                continue  # not an event a client could use
+            if not isinstance(data, dict):
+                continue
+            for chunk in self.translator.add(data):
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            if data.get("type") == "error":
+                return
         yield b"data: [DONE]\n\n"
 
     async def aclose(self) -> None:
-        await self.events.close()
+        aclose = getattr(self.events, "aclose", None)
+        if aclose is not None:
+            await aclose()

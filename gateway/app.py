@@ -10,11 +10,14 @@ from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
+from gateway.codecs.anthropic_inbound import error_body
 from gateway.errors import GatewayError
 from gateway.relay import error_response
 from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.health import healthz, readyz
+from gateway.routes.messages import count_tokens, messages
+from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
 from gateway.settings import Settings, load_settings
@@ -23,6 +26,9 @@ from gateway.state import Gateway
 __all__ = ["create_app"]
 
 log = logging.getLogger("contextgate")
+
+_MESSAGES_ROUTES = "/v1/messages"
+"""Routes of the Anthropic API: their errors use Anthropic's envelope."""
 
 _HTTP_CODES = {
     400: "invalid_request",
@@ -38,6 +44,13 @@ def _request_headers(request: Request[Any, Any, Any]) -> dict[str, str] | None:
 
 
 def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
+    if request.url.path.startswith(_MESSAGES_ROUTES):
+        return Response(
+            content=error_body(exc.status, exc.message),
+            status_code=exc.status,
+            media_type="application/json",
+            headers=_request_headers(request),
+        )
     return error_response(exc, _request_headers(request))
 
 
@@ -51,13 +64,13 @@ def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respo
         status=status,
         type="invalid_request_error",
     )
-    return error_response(error, _request_headers(request))
+    return _on_gateway_error(request, error)
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.error("unhandled error on %s", request.url.path, exc_info=exc)
     error = GatewayError("The gateway failed to handle the request.")
-    return error_response(error, _request_headers(request))
+    return _on_gateway_error(request, error)
 
 
 def create_app(
@@ -73,11 +86,14 @@ def create_app(
     app = Litestar(
         route_handlers=[
             chat_completions,
+            messages,
+            count_tokens,
             compact_dry_run,
             get_object,
             list_models,
             healthz,
             readyz,
+            metrics,
         ],
         exception_handlers={
             GatewayError: _on_gateway_error,

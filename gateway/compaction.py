@@ -46,7 +46,9 @@ _CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 class ChatRequest:
     """A parsed chat request and what the pipeline made of it."""
 
-    raw: bytes
+    raw: bytes | None
+    """The body as received when it is an OpenAI chat request (sent as it is when no stage
+    changed it); ``None`` when it came in another format."""
     body: dict[str, Any]
     policy: Policy
     result: CompactResult
@@ -59,14 +61,22 @@ class ChatRequest:
     caller: Caller
 
 
-async def compact_request(request: Request[Any, Any, Any], *, dry_run: bool = False) -> ChatRequest:
-    """The request's body compacted under its policy; a ``dry_run`` asks no model for a
-    summary (a checkpoint already prepared is used)."""
+async def compact_request(
+    request: Request[Any, Any, Any],
+    *,
+    dry_run: bool = False,
+    body: dict[str, Any] | None = None,
+) -> ChatRequest:
+    """The request's body (an OpenAI chat request, read from ``request`` unless ``body``
+    gives it already translated) compacted under its policy; a ``dry_run`` asks no model
+    for a summary (a checkpoint already prepared is used)."""
     gateway: Gateway = request.app.state.gateway
-    raw = await read_body(
-        request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
-    )
-    body = parse_chat_request(raw)
+    raw = None
+    if body is None:
+        raw = await read_body(
+            request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
+        )
+        body = parse_chat_request(raw)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
     caller = await caller_of(request)
     namespace = caller.namespace

@@ -11,7 +11,7 @@ client as a 200. Once streaming, a failure ends the stream with one terminal err
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -31,6 +31,7 @@ __all__ = [
     "error_response",
     "first_event",
     "is_event_stream",
+    "openai_error_event",
     "streamed_response",
 ]
 
@@ -71,8 +72,16 @@ async def first_event(events: AsyncIterator[bytes]) -> bytes:
     )
 
 
+ErrorEvent = Callable[[GatewayError], bytes]
+
+
+def openai_error_event(error: GatewayError) -> bytes:
+    """The terminal event of an OpenAI stream that failed (the SDK raises on it)."""
+    return error_event(error.message, type=error.type, code=error.code)
+
+
 async def _relay(
-    first: bytes, events: AsyncIterator[bytes], request_id: str
+    first: bytes, events: AsyncIterator[bytes], request_id: str, error: ErrorEvent
 ) -> AsyncIterator[bytes]:
     try:
         if first:
@@ -81,7 +90,7 @@ async def _relay(
             yield event
     except GatewayError as exc:
         log.warning("upstream stream failed: %s", exc.code, extra={"request_id": request_id})
-        yield error_event(exc.message, type=exc.type, code=exc.code)
+        yield error(exc)
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
@@ -90,12 +99,19 @@ async def _relay(
 
 
 def buffered_response(
-    response: httpx.Response, body: bytes, headers: dict[str, str]
+    response: httpx.Response, body: bytes, headers: dict[str, str], status: int | None = None
 ) -> ASGIResponse:
-    """An upstream response, already read, relayed with its status and headers."""
-    relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
+    """An upstream response, already read, relayed with its status (or ``status``) and
+    headers; a body that replaces a stream is JSON."""
+    relayed: list[tuple[str, str]] = [
+        (name, value)
+        for name, value in relayable_response_headers(response.headers)
+        if status is None or name.lower() != "content-type"
+    ]
+    if status is not None:
+        relayed.append(("content-type", "application/json"))
     relayed.extend(headers.items())
-    return ASGIResponse(body=body, status_code=response.status_code, headers=relayed)
+    return ASGIResponse(body=body, status_code=status or response.status_code, headers=relayed)
 
 
 def streamed_response(
@@ -104,13 +120,15 @@ def streamed_response(
     events: AsyncIterator[bytes],
     headers: dict[str, str],
     request_id: str,
+    error: ErrorEvent = openai_error_event,
 ) -> ASGIResponse:
-    """The upstream's stream relayed: ``first``, then the rest of ``events``."""
+    """The upstream's stream relayed: ``first``, then the rest of ``events``; a failure on
+    the way ends it with ``error``'s terminal event."""
     relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
     stream = RelayStream(
-        iterator=_relay(first, events, request_id),
+        iterator=_relay(first, events, request_id, error),
         status_code=response.status_code,
         headers=relayed,  # type: ignore[arg-type]
     )

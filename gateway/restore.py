@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -39,6 +39,7 @@ __all__ = [
     "RestoreStats",
     "Restorer",
     "add_usage",
+    "chain",
     "complete",
     "has_refs",
     "stream",
@@ -353,7 +354,7 @@ async def stream(
     usage: dict[str, Any] | None = None
     stream_id: Any = None
     template: dict[str, Any] = {"object": "chat.completion.chunk"}
-    round_events: AsyncIterator[bytes] = _chain(first, events)
+    round_events: AsyncIterator[bytes] = chain(first, events)
     while True:
         calls = _Calls()
         text: list[str] = []
@@ -425,7 +426,7 @@ async def stream(
             )
             extra.extend(await restorer.answer_all(restores))
             next_first, next_events = await resend(list(extra))
-            round_events = _chain(next_first, next_events)
+            round_events = chain(next_first, next_events)
             continue
         if restores:
             stats.mixed += bool(calls.client)
@@ -525,7 +526,8 @@ def _event(chunk: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-async def _chain(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def chain(first: bytes, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """``first``, then ``events``; ``events`` closed when the iteration ends."""
     try:
         yield first
         async for event in events:

@@ -12,6 +12,7 @@ import httpx
 
 from gateway.anthropic import AnthropicUpstream
 from gateway.errors import InvalidRequest
+from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
@@ -44,6 +45,7 @@ class Gateway:
     anthropic: AnthropicUpstream
     summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
+    metrics: Metrics = field(default_factory=Metrics)
     structured_refused: set[str] = field(default_factory=set)
     """Models whose provider refused structured output for summaries."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.codecs.anthropic import from_message
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
-from tests.gateway.codecs.test_anthropic import events_of, recorded
+from tests.gateway.codecs.test_anthropic import STREAMS, events_of, recorded
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply
 
@@ -124,12 +124,15 @@ def test_a_claude_model_is_answered_through_the_messages_api(
     assert body["tools"][0]["input_schema"] == WEATHER["function"]["parameters"]
 
 
+@pytest.mark.parametrize("name", sorted(path.name for path in STREAMS.glob("*.txt")))
 def test_a_recorded_stream_reaches_the_openai_client_as_chunks(
-    client: openai.OpenAI, upstream: MockUpstream
+    client: openai.OpenAI, upstream: MockUpstream, name: str
 ) -> None:
+    """Each recorded Anthropic stream ends in the OpenAI SDK as the completion the whole
+    recorded answer translates to: text, tool calls, finish reason and usage."""
     from openai.lib.streaming.chat import ChatCompletionStreamState
 
-    upstream.push(SSEReply(events_of("tool_use_response.txt")))
+    upstream.push(SSEReply(events_of(name)))
     state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
     usage = None
     for chunk in client.chat.completions.create(
@@ -142,15 +145,20 @@ def test_a_recorded_stream_reaches_the_openai_client_as_chunks(
         usage = chunk.usage or usage
         state.handle_chunk(chunk)
     final = state.current_completion_snapshot.choices[0]
-    expected = from_message(recorded("tool_use_response.txt"))["choices"][0]
+    answer = from_message(recorded(name))
+    expected = answer["choices"][0]
     assert final.finish_reason == expected["finish_reason"]
-    assert final.message.content == expected["message"]["content"]
-    (call,) = final.message.tool_calls or []
-    (wanted,) = expected["message"]["tool_calls"]
-    assert call.id == wanted["id"]
-    assert orjson.loads(call.function.arguments) == orjson.loads(wanted["function"]["arguments"])
+    assert (final.message.content or None) == expected["message"]["content"]
+    calls = [(c.id, c.function.name, c.function.arguments) for c in final.message.tool_calls or []]
+    wanted = [
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in expected["message"].get("tool_calls") or []
+    ]
+    assert [(i, n) for i, n, _ in calls] == [(i, n) for i, n, _ in wanted]
+    for (_, _, got), (_, _, want) in zip(calls, wanted, strict=True):
+        assert got == want or orjson.loads(got) == orjson.loads(want)
     assert usage is not None
-    assert usage.prompt_tokens == 377
+    assert usage.model_dump(exclude_none=True) == answer["usage"]
     assert upstream.received[0].json()["stream"] is True
 
 

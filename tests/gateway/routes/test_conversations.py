@@ -10,7 +10,6 @@ import openai
 import orjson
 import pytest
 
-from pipelines import ConversationState
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion
 from tests.openai_schema import assert_valid_request
@@ -107,38 +106,3 @@ def test_a_malformed_conversation_id_is_400(gateway: GatewayServer, upstream: Mo
     assert caught.value.code == "invalid_conversation_id"
     assert "x-contextgate-conversation" in caught.value.message
     assert upstream.received == []
-
-
-async def test_a_stream_closed_before_it_started_still_stores_the_record() -> None:
-    """The client can leave right after the headers: the record is stored once and the
-    upstream events are closed, though the relay never iterated them."""
-    from gateway.routes.chat import _Remembering
-
-    closed: list[bool] = []
-    remembered: list[Any] = []
-
-    async def upstream_events() -> Any:
-        try:
-            yield b"data: {}\n\n"
-        finally:
-            closed.append(True)
-
-    class Recorder:
-        def remember(self, namespace: str, conversation: str, state: Any) -> None:
-            remembered.append((namespace, conversation, state))
-
-    class Result:
-        state = ConversationState()
-
-    class Chat:
-        namespace, conversation, result = "ns", "conv", Result()
-
-    events = upstream_events()
-    await events.__anext__()  # the first event, already taken by the relay
-    wrapper = _Remembering(Recorder(), Chat(), 5.0, b"", events, True)  # type: ignore[arg-type]
-    await wrapper.aclose()
-    await wrapper.aclose()
-    assert closed == [True]
-    assert len(remembered) == 1
-    assert remembered[0][2].restore_tool
-    assert remembered[0][2].last_seen == 5.0

@@ -1,0 +1,27 @@
+"""Prometheus metrics, exported at ``GET /metrics``.
+
+Each gateway has its own registry (several apps may share a process, in tests), held by
+``Gateway``; the route renders it in the text exposition format.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    """The gateway's counters and histograms."""
+
+    __slots__ = ("cache_breaks", "registry")
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.cache_breaks = Counter(
+            "contextgate_cache_breaks",
+            "Requests that broke the provider's prompt cache of their conversation, by cause"
+            " (model, system, tools, compaction, ttl, unknown).",
+            ["cause"],
+            registry=self.registry,
+        )

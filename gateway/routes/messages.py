@@ -1,0 +1,185 @@
+"""``POST /v1/messages`` (and ``/v1/messages/count_tokens``): the Anthropic Messages API,
+inbound, so the anthropic SDK and Claude-Code-style agents work with ``base_url`` alone.
+
+The request is read as a Messages request, turned into the chat request the pipeline works
+on (``gateway.codecs.anthropic_inbound``), compacted like any other, then sent on:
+
+- to the built-in Anthropic provider (``claude-*`` models), natively: the pipeline's
+  request goes back to Messages form with the client's own Anthropic-only fields, and the
+  answer is Anthropic's own bytes, streamed or not (``MessagesWire``);
+- to an OpenAI-compatible upstream (any other model), as chat completions, and the answer
+  comes back translated: a completion into a Messages answer, chunks into Messages events
+  as they arrive, an error into Anthropic's error envelope.
+
+Errors, the gateway's own and relayed ones, use Anthropic's envelope
+``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from time import perf_counter
+from typing import Any, Final
+
+import orjson
+from litestar import Request, post
+from litestar.response.base import ASGIResponse
+
+from gateway.auth import credential_of
+from gateway.client import read_body
+from gateway.codecs.anthropic_inbound import (
+    EventTranslator,
+    error_body,
+    error_from_openai,
+    message_of,
+    openai_request,
+    parse_request,
+    to_request,
+)
+from gateway.compaction import compact_request
+from gateway.errors import GatewayError
+from gateway.exchange import Buffered, exchange
+from gateway.headers import report_headers
+from gateway.relay import buffered_response, streamed_response
+from gateway.restore import chain
+from gateway.sse import event_data
+from gateway.state import Gateway, new_request_id
+from gateway.upstream import upstream_request_headers
+from gateway.wires import ChatWire, MessagesWire
+
+__all__ = ["anthropic_error_event", "count_tokens", "messages"]
+
+_COUNTED: Final = frozenset(
+    {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
+)
+"""The fields Anthropic's ``count_tokens`` takes (it refuses the rest)."""
+
+
+@post("/v1/messages", status_code=200)
+async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
+    """Anthropic Messages, streamed or not, through the context pipeline."""
+    started = perf_counter()
+    gateway: Gateway = request.app.state.gateway
+    request_id = request.state.request_id = new_request_id()
+    raw = await read_body(
+        request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
+    )
+    inbound = parse_request(raw)
+    chat = await compact_request(request, body=inbound.chat)
+    model = str(inbound.chat.get("model", ""))
+    headers = upstream_request_headers(
+        request.headers.items(), gateway.upstream_key(chat.caller, model)
+    )
+    upstream = gateway.upstream_for(model)
+    if upstream is gateway.anthropic:
+        reserve = gateway.pipeline.catalog.lookup(model).output_reserve
+        answer = await exchange(
+            request,
+            chat,
+            MessagesWire(gateway.anthropic, inbound.native, reserve),
+            headers,
+            request_id=request_id,
+            started=started,
+        )
+        if isinstance(answer, Buffered):
+            return buffered_response(answer.response, answer.body, answer.headers, answer.status)
+        return streamed_response(
+            answer.response,
+            answer.first,
+            answer.events,
+            answer.headers,
+            request_id,
+            anthropic_error_event,
+        )
+    key = gateway.upstream_key(chat.caller, model)
+    if key is None and chat.caller.tenant is None:
+        # Passthrough: an Anthropic client presents its key as x-api-key, and
+        # OpenAI-compatible upstreams read Authorization.
+        key = credential_of(request.headers)
+    headers = upstream_request_headers(request.headers.items(), key)
+    headers["content-type"] = "application/json"
+    answer = await exchange(
+        request,
+        chat,
+        ChatWire(upstream, openai_request),
+        headers,
+        request_id=request_id,
+        started=started,
+    )
+    if isinstance(answer, Buffered):
+        status = answer.status or answer.response.status_code
+        if 200 <= status < 300:
+            body = orjson.dumps(message_of(orjson.loads(answer.body)))
+        else:
+            body = error_from_openai(status, answer.body)
+        return buffered_response(answer.response, body, answer.headers, status)
+    events = _translated(answer.first, answer.events)
+    return streamed_response(
+        answer.response, b"", events, answer.headers, request_id, anthropic_error_event
+    )
+
+
+@post("/v1/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
+    """The input tokens of a Messages request as the gateway would send it (compacted, no
+    summary model asked): Anthropic's own count for ``claude-*`` models, the gateway's
+    for the others."""
+    gateway: Gateway = request.app.state.gateway
+    request_id = request.state.request_id = new_request_id()
+    raw = await read_body(
+        request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
+    )
+    inbound = parse_request(_with_max_tokens(raw))
+    chat = await compact_request(request, dry_run=True, body=inbound.chat)
+    report = chat.result.report
+    model = str(inbound.chat.get("model", ""))
+    ours = report_headers(request_id, report, report.ms)
+    if gateway.upstream_for(model) is gateway.anthropic:
+        headers = upstream_request_headers(
+            request.headers.items(), gateway.upstream_key(chat.caller, model)
+        )
+        outgoing = to_request(chat.result.request, inbound.native, default_max_tokens=1)
+        counted = {k: v for k, v in outgoing.items() if k in _COUNTED}
+        response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
+        body = await gateway.anthropic.read_body(response)
+        return buffered_response(response, body, ours)
+    body = orjson.dumps({"input_tokens": report.tokens_after})
+    return ASGIResponse(body=body, media_type="application/json", headers=ours)
+
+
+def _with_max_tokens(raw: bytes) -> bytes:
+    """A count_tokens body (which has no ``max_tokens``) as a Messages request."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw  # parse_request says what is wrong with it
+    if isinstance(body, dict) and "max_tokens" not in body:
+        return orjson.dumps({**body, "max_tokens": 1})
+    return raw
+
+
+async def _translated(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """An OpenAI chunk stream as Messages events, each made when its chunk arrives."""
+    translator = EventTranslator()
+    chunks = chain(first, events)
+    try:
+        async for event in chunks:
+            data = event_data(event).strip()
+            if data == b"[DONE]":
+                break
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue  # empty, a comment, or not JSON: nothing a Messages client could use
+            if isinstance(chunk, dict):
+                for out in translator.add(chunk):
+                    yield out
+        for out in translator.close():
+            yield out
+    finally:
+        await chunks.aclose()
+
+
+def anthropic_error_event(error: GatewayError) -> bytes:
+    """The terminal event of a Messages stream that failed (the SDK raises on it)."""
+    return b"event: error\ndata: " + error_body(error.status, error.message) + b"\n\n"

@@ -1,0 +1,21 @@
+"""``GET /metrics``: the gateway's Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+from litestar.response.base import ASGIResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.state import Gateway
+
+__all__ = ["metrics"]
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
+    """The metrics in Prometheus' text format."""
+    gateway: Gateway = request.app.state.gateway
+    body = generate_latest(gateway.metrics.registry)
+    return ASGIResponse(body=body, headers={"content-type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,212 @@
+"""The upstream's side of an exchange (``gateway.exchange.Wire``), one per API.
+
+- ``ChatWire``: OpenAI chat completions, to an OpenAI-compatible upstream or to the built-in
+  Anthropic provider behind its OpenAI face (``AnthropicUpstream.send``). An inbound
+  Messages request sent this way has its Anthropic-only fields removed first
+  (``for_openai``) and always asks for the usage of its stream.
+- ``MessagesWire``: the Anthropic Messages API natively (``AnthropicUpstream.send_messages``),
+  for Messages clients on ``claude-*`` models: the answer is Anthropic's own bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from gateway import restore, restore_messages
+from gateway.anthropic import AnthropicUpstream
+from gateway.codecs.anthropic import usage_of
+from gateway.codecs.anthropic_inbound import to_request
+from gateway.exchange import Resend, ResendStream
+from gateway.restore import Restorer
+from gateway.sse import event_data
+from gateway.upstream import ChatUpstream
+
+__all__ = ["ChatWire", "MessagesWire"]
+
+_ERROR_STATUS: Final = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+"""The status an Anthropic error type stands for (its error events carry no status)."""
+
+
+class ChatWire:
+    """OpenAI chat completions on the wire."""
+
+    __slots__ = ("_prepare", "upstream")
+
+    def __init__(
+        self,
+        upstream: ChatUpstream,
+        prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self._prepare = prepare
+        """Applied to each request before it is encoded (an inbound Messages request's
+        Anthropic-only fields removed)."""
+
+    def encode(self, outgoing: dict[str, Any]) -> bytes:
+        return orjson.dumps(self._prepare(outgoing) if self._prepare else outgoing)
+
+    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+        return self.encode({**outgoing, "messages": [*outgoing["messages"], *extra]})
+
+    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        return await self.upstream.send(
+            "POST", "chat/completions", headers=headers, content=content
+        )
+
+    async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
+        return await restore.complete(body, restorer, resend)
+
+    def stream(
+        self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
+    ) -> AsyncIterator[bytes]:
+        return restore.stream(first, events, restorer, resend)
+
+    def usage(self, body: bytes) -> dict[str, Any] | None:
+        return _usage(body)
+
+    def usage_tracker(self) -> _ChunkUsage:
+        return _ChunkUsage()
+
+    def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
+        data = event_data(event)
+        if not data.startswith(b'{"error"'):
+            return None
+        try:
+            error = orjson.loads(data)["error"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        kind = error.get("type") if isinstance(error, dict) else None
+        return _ERROR_STATUS.get(str(kind), 502), data
+
+
+class MessagesWire:
+    """The Anthropic Messages API on the wire, for one inbound Messages request: the
+    pipeline's chat request goes back to Messages form with the request's own
+    Anthropic-only fields (``native``) as they came."""
+
+    __slots__ = ("_default_max_tokens", "_native", "upstream")
+
+    def __init__(
+        self, upstream: AnthropicUpstream, native: Mapping[str, Any], default_max_tokens: int
+    ) -> None:
+        self.upstream = upstream
+        self._native = native
+        self._default_max_tokens = default_max_tokens
+
+    def request(self, outgoing: Mapping[str, Any]) -> dict[str, Any]:
+        """The Messages request for the pipeline's ``outgoing`` chat request."""
+        return to_request(outgoing, self._native, default_max_tokens=self._default_max_tokens)
+
+    def encode(self, outgoing: dict[str, Any]) -> bytes:
+        return orjson.dumps(self.request(outgoing))
+
+    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+        request = self.request(outgoing)
+        return orjson.dumps({**request, "messages": [*request["messages"], *extra]})
+
+    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        return await self.upstream.send_messages(content, headers)
+
+    async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
+        return await restore_messages.complete(body, restorer, resend)
+
+    def stream(
+        self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
+    ) -> AsyncIterator[bytes]:
+        return restore_messages.stream(first, events, restorer, resend)
+
+    def usage(self, body: bytes) -> dict[str, Any] | None:
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        return usage_of(usage) if isinstance(usage, dict) else None
+
+    def usage_tracker(self) -> _EventUsage:
+        return _EventUsage()
+
+    def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
+        data = event_data(event)
+        if b'"error"' not in data[:40]:
+            return None
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(answer, dict) or answer.get("type") != "error":
+            return None
+        error = answer.get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+        return _ERROR_STATUS.get(str(kind), 502), data
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` of a JSON chat completion, if it has one."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+class _ChunkUsage:
+    """A chat stream's usage: its usage chunk (some providers repeat a running total in
+    every chunk: the last one counts)."""
+
+    __slots__ = ("usage",)
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] | None = None
+
+    def add(self, event: bytes) -> None:
+        if b'"usage"' not in event:
+            return
+        data = event_data(event)
+        if data.startswith(b"{"):
+            self.usage = _usage(data) or self.usage
+
+
+class _EventUsage:
+    """A Messages stream's usage: ``message_start`` gives the input side, each
+    ``message_delta`` updates it; kept in Anthropic form, read in OpenAI form."""
+
+    __slots__ = ("_usage",)
+
+    def __init__(self) -> None:
+        self._usage: dict[str, Any] = {}
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return usage_of(self._usage) if self._usage else None
+
+    def add(self, event: bytes) -> None:
+        if b'"usage"' not in event:
+            return
+        try:
+            data = orjson.loads(event_data(event))
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(data, dict):
+            return
+        if data.get("type") == "message_start":
+            message = data.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+        else:
+            usage = data.get("usage")
+        if isinstance(usage, dict):
+            self._usage.update({k: v for k, v in usage.items() if v is not None})

@@ -1,0 +1,520 @@
+"""``POST /v1/messages``: the official anthropic SDK as the client, the mock upstream
+speaking the Messages API for ``claude-*`` models (Anthropic's own bytes come back) and
+OpenAI chat for the others (answers translated), the pipeline in between."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import orjson
+import pytest
+
+from gateway.codecs.anthropic_inbound import message_of
+from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+from tests.gateway.codecs.test_anthropic import STREAMS, events_of
+from tests.harness import GatewayServer
+from tests.mock_upstream import (
+    JSONReply,
+    MockUpstream,
+    Received,
+    Reply,
+    SSEReply,
+    chat_completion,
+    recorded_stream,
+    recorded_streams,
+)
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather now.",
+    "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}},
+}
+MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+ANSWER: dict[str, Any] = {
+    "id": "msg_01",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-6",
+    "content": [{"type": "text", "text": "Sunny, 24 degrees."}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 20, "output_tokens": 6},
+}
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+    "rkJggg=="
+)
+REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
+
+
+@pytest.fixture
+def gateway(upstream: MockUpstream) -> Iterator[GatewayServer]:
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        yield server
+
+
+@pytest.fixture
+def client(gateway: GatewayServer) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=gateway.url, api_key="sk-ant-mine", max_retries=0) as sdk:
+        yield sdk
+
+
+def direct(upstream: MockUpstream) -> anthropic.Anthropic:
+    """The SDK pointed at the mock itself: what a client gets without the gateway."""
+    return anthropic.Anthropic(
+        base_url=upstream.base_url.removesuffix("/v1"), api_key="sk-ant-mine", max_retries=0
+    )
+
+
+def test_a_claude_request_goes_to_anthropic_as_the_client_wrote_it(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """Tools, an image, thinking settings and fields the gateway does not know reach
+    Anthropic unchanged, and Anthropic's answer reaches the client unchanged."""
+    upstream.push(JSONReply(ANSWER))
+    messages: list[Any] = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": PNG},
+                },
+            ],
+        }
+    ]
+    message = client.messages.create(
+        model="claude-sonnet-4-6",
+        max_tokens=2_000,
+        system="You describe pictures.",
+        messages=messages,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        thinking={"type": "enabled", "budget_tokens": 1_024},
+        metadata={"user_id": "u-42"},
+        extra_body={"service_tier": "auto", "top_k": 5},
+    )
+    assert message.model_dump(
+        mode="json", exclude_none=True
+    ) == anthropic.types.Message.model_validate(ANSWER).model_dump(mode="json", exclude_none=True)
+    (sent,) = upstream.received
+    assert sent.path == "/v1/messages"
+    body = sent.json()
+    assert body["messages"][0]["content"][1] == messages[0]["content"][1]
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1_024}
+    assert body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    assert (body["metadata"], body["top_k"], body["service_tier"]) == (
+        {"user_id": "u-42"},
+        5,
+        "auto",
+    )
+    assert body["tools"][0]["input_schema"] == WEATHER["input_schema"]
+    assert body["max_tokens"] == 2_000
+
+
+RECORDED = sorted(path.name for path in STREAMS.glob("*.txt"))
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_a_recorded_stream_reaches_the_anthropic_client_as_anthropic_sent_it(
+    client: anthropic.Anthropic, upstream: MockUpstream, name: str
+) -> None:
+    """Through the gateway the SDK ends with the same message, tool calls and usage as
+    when it reads the recording straight from the mock."""
+    upstream.push(SSEReply(events_of(name)))
+    with direct(upstream).messages.stream(
+        model="claude-sonnet-4-6", max_tokens=100, messages=MESSAGES
+    ) as stream:
+        expected = stream.get_final_message()
+    upstream.push(SSEReply(events_of(name)))
+    with client.messages.stream(
+        model="claude-sonnet-4-6",
+        max_tokens=100,
+        messages=MESSAGES,
+        tools=[WEATHER],  # type: ignore[list-item]
+    ) as stream:
+        got = stream.get_final_message()
+    # Block types this SDK has no class for (compaction, fallback) are kept as they came;
+    # pydantic warns when it dumps them.
+    assert got.model_dump(mode="json", warnings=False) == expected.model_dump(
+        mode="json", warnings=False
+    )
+
+
+def test_a_streamed_answer_is_relayed_byte_for_byte(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """With nothing to restore, the client gets exactly the events Anthropic sent."""
+    events = events_of("tool_use_response.txt")
+    upstream.push(SSEReply(events))
+    response = httpx.post(
+        f"{gateway.url}/v1/messages",
+        json={"model": "claude-sonnet-4-6", "max_tokens": 50, "messages": MESSAGES, "stream": True},
+        headers={"x-api-key": "sk-ant-mine", "anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.content == b"".join(events)
+    assert "x-contextgate-tokens" in response.headers
+
+
+def openai_answer(received: Received) -> Reply:
+    completion = chat_completion("It is sunny in Paris.", model=received.json()["model"])
+    completion["usage"] = {
+        "prompt_tokens": 120,
+        "completion_tokens": 7,
+        "total_tokens": 127,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    return JSONReply(completion)
+
+
+def test_another_model_is_answered_through_the_openai_upstream(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """A Messages client can use a non-Claude model: the request goes out as chat
+    completions (nothing Anthropic-only in it) and the answer comes back as a message."""
+    upstream.handler = openai_answer
+    message = client.messages.create(
+        model="gpt-4o",
+        max_tokens=300,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=MESSAGES,
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert message.content[0].type == "text"
+    assert message.content[0].text == "It is sunny in Paris."
+    assert message.stop_reason == "end_turn"
+    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (56, 64)
+    assert message.usage.output_tokens == 7
+    (sent,) = upstream.received
+    assert sent.path == "/v1/chat/completions"
+    body = sent.json()
+    assert b"cache_control" not in sent.body
+    assert body["messages"][0] == {
+        "role": "system",
+        "content": [{"type": "text", "text": "Be brief."}],
+    }
+    assert body["tools"][0]["function"]["name"] == "get_weather"
+    assert body["max_tokens"] == 300
+
+
+@pytest.mark.parametrize("name", recorded_streams())
+def test_an_openai_stream_reaches_the_anthropic_client_as_messages_events(
+    client: anthropic.Anthropic, upstream: MockUpstream, name: str
+) -> None:
+    """Each recorded OpenAI stream, translated event by event, ends in the SDK as the
+    message its whole completion translates to."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    events = recorded_stream(name)
+    state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+    usage = None
+    for event in events:
+        data = event.removeprefix(b"data: ").strip()
+        if data == b"[DONE]":
+            continue
+        chunk = ChatCompletionChunk.model_validate(orjson.loads(data))
+        usage = chunk.usage or usage
+        if chunk.choices:
+            state.handle_chunk(chunk)
+    completion = state.current_completion_snapshot.model_dump(mode="json", exclude_none=True)
+    if usage is not None:
+        completion["usage"] = usage.model_dump(mode="json", exclude_none=True)
+    expected = message_of(completion)
+    upstream.push(SSEReply(events))
+    with client.messages.stream(model="gpt-4o", max_tokens=300, messages=MESSAGES) as stream:
+        got = stream.get_final_message().model_dump(mode="json", exclude_none=True)
+    assert got["content"] == expected["content"]
+    assert got["stop_reason"] == expected["stop_reason"]
+    if usage is not None:
+        assert got["usage"]["output_tokens"] == expected["usage"]["output_tokens"]
+    assert upstream.received[0].json()["stream_options"] == {"include_usage": True}
+
+
+def test_gateway_errors_use_the_anthropic_envelope(gateway: GatewayServer) -> None:
+    """Malformed JSON, a missing field and an oversized turn are 400s in Anthropic's
+    envelope, which the SDK raises as BadRequestError."""
+    url = f"{gateway.url}/v1/messages"
+    bad = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["type"] == "error"
+    assert bad.json()["error"]["type"] == "invalid_request_error"
+    missing = httpx.post(url, json={"model": "claude-sonnet-4-6", "messages": MESSAGES})
+    assert missing.status_code == 400
+    assert "max_tokens" in missing.json()["error"]["message"]
+    sdk = anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        sdk.messages.create(
+            model="claude-sonnet-4-6",
+            max_tokens=10,
+            messages=[{"role": "user", "content": "word " * 130_000}],
+        )
+    assert "120,000" in caught.value.message or "120000" in caught.value.message
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_an_oversized_body_is_a_413_in_the_anthropic_envelope(upstream: MockUpstream) -> None:
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        max_body_bytes=10_000,
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        response = httpx.post(
+            f"{server.url}/v1/messages",
+            json={
+                "model": "claude-sonnet-4-6",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x" * 20_000}],
+            },
+        )
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "request_too_large"
+    assert upstream.received == []
+
+
+def test_anthropic_errors_are_relayed_as_they_came(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """Status, body and retry-after of an Anthropic error reach the client untouched."""
+    error = {"type": "error", "error": {"type": "rate_limit_error", "message": "Slow down."}}
+    upstream.push(JSONReply(error, status=429, headers={"retry-after": "7"}))
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        client.messages.create(model="claude-sonnet-4-6", max_tokens=5, messages=MESSAGES)
+    assert caught.value.response.headers["retry-after"] == "7"
+    assert caught.value.body == error
+    assert len(upstream.received) == 1
+
+
+def test_an_openai_upstream_error_is_rewrapped_with_its_status(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    error = {"error": {"message": "Rate limit reached.", "type": "requests", "code": "rate_limit"}}
+    upstream.push(JSONReply(error, status=429, headers={"retry-after": "3"}))
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        client.messages.create(model="gpt-4o", max_tokens=5, messages=MESSAGES)
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "Rate limit reached."},
+    }
+    assert caught.value.response.headers["retry-after"] == "3"
+
+
+def test_an_error_event_before_any_content_gets_its_real_status(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """An overloaded Anthropic that opens a stream with an error event is a 529 for the
+    client, not a 200 stream (so its SDK can retry)."""
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    upstream.push(SSEReply([b"event: error\ndata: " + orjson.dumps(overloaded) + b"\n\n"]))
+    stream = client.messages.stream(model="claude-sonnet-4-6", max_tokens=5, messages=MESSAGES)
+    with pytest.raises(anthropic.APIStatusError) as caught, stream as events:
+        events.get_final_message()
+    assert caught.value.status_code == 529
+    assert caught.value.body == overloaded
+
+
+def test_a_stream_broken_off_ends_with_one_anthropic_error_event(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    upstream.push(SSEReply(events_of("tool_use_response.txt")[:6], ending="drop"))
+    response = httpx.post(
+        f"{gateway.url}/v1/messages",
+        json={"model": "claude-sonnet-4-6", "max_tokens": 50, "messages": MESSAGES, "stream": True},
+        timeout=30,
+    )
+    events = [e for e in response.text.split("\n\n") if e.strip()]
+    assert events[:-1] == [e.decode().strip() for e in events_of("tool_use_response.txt")[:6]]
+    assert events[-1].startswith("event: error\ndata: ")
+    error = orjson.loads(events[-1].split("data: ", 1)[1])
+    assert error["type"] == "error"
+    assert error["error"]["type"] == "api_error"
+
+
+def big_tool_history() -> list[Any]:
+    """A conversation whose tool output is far over the filter limit (5,000 tokens)."""
+    rows = "\n".join(
+        orjson.dumps({"flight": f"HAT{n:03d}", "seats": n % 7, "price": 100 + n}).decode()
+        for n in range(900)
+    )
+    return [
+        {"role": "user", "content": "Which flights have seats?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "seats"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": rows},
+                {"type": "text", "text": "What does HAT042 cost?"},
+            ],
+        },
+    ]
+
+
+def restoring(received: Received) -> Reply:
+    """The model: first asks to restore the ref it sees, then answers from what came back."""
+    body = received.json()
+    last = body["messages"][-1]
+    results = [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if results and results[-1]["tool_use_id"] == "toolu_r1":
+        restored = results[-1]["content"]
+        text = restored if isinstance(restored, str) else restored[0]["text"]
+        found = "142" if '"HAT042","seats":0,"price":142' in text else "unknown"
+        return JSONReply({**ANSWER, "content": [{"type": "text", "text": f"It costs {found}."}]})
+    ref = REF.search(received.body.decode())
+    assert ref is not None
+    call = {
+        "type": "tool_use",
+        "id": "toolu_r1",
+        "name": "context_restore",
+        "input": {"ref": ref.group()},
+    }
+    return JSONReply(
+        {
+            **ANSWER,
+            "content": [{"type": "text", "text": "Let me look."}, call],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 900, "output_tokens": 20},
+        }
+    )
+
+
+def test_a_restore_call_is_answered_by_the_gateway(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """The big tool output goes out as a preview with a ref and the restore tool; the
+    model's restore call is answered with the stored content and the client only sees the
+    final answer, with the usage of both rounds."""
+    upstream.handler = restoring
+    message = client.messages.create(
+        model="claude-sonnet-4-6", max_tokens=100, messages=big_tool_history()
+    )
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == "It costs 142."  # type: ignore[union-attr]
+    assert message.usage.input_tokens == 920
+    first, second = upstream.received
+    sent = first.json()
+    assert any(t.get("name") == "context_restore" for t in sent["tools"])
+    assert len(first.body) < 20_000  # the 900 rows stayed in the store
+    assert b'"HAT042"' not in first.body
+    assert second.json()["messages"][-2]["content"][-1]["name"] == "context_restore"
+
+
+def test_a_streamed_restore_call_is_answered_in_place(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """Streamed, the restore round is invisible: one message, block indices without a gap,
+    the model's text before the call kept."""
+
+    def as_stream(received: Received) -> Reply:
+        reply = restoring(received)
+        assert isinstance(reply, JSONReply)
+        return SSEReply(message_events(reply.body))
+
+    upstream.handler = as_stream
+    with client.messages.stream(
+        model="claude-sonnet-4-6", max_tokens=100, messages=big_tool_history()
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["text", "text"]
+    assert "".join(b.text for b in final.content) == "Let me look.It costs 142."  # type: ignore[union-attr]
+    assert final.stop_reason == "end_turn"
+    assert kinds.count("message_start") == 1
+    assert final.usage.input_tokens == 920
+    assert len(upstream.received) == 2
+
+
+def message_events(message: dict[str, Any]) -> list[bytes]:
+    """A whole Messages answer as the stream Anthropic would send for it."""
+
+    def event(data: dict[str, Any]) -> bytes:
+        return f"event: {data['type']}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    out = [event({"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            out.append(
+                event(
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    }
+                )
+            )
+            out.append(
+                event(
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "text_delta", "text": block["text"]},
+                    }
+                )
+            )
+        else:
+            empty = {**block, "input": {}}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            arguments = orjson.dumps(block["input"]).decode()
+            out.append(
+                event(
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": arguments},
+                    }
+                )
+            )
+        out.append(event({"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    out.append(
+        event(
+            {
+                "type": "message_delta",
+                "delta": delta,
+                "usage": {"output_tokens": usage["output_tokens"]},
+            }
+        )
+    )
+    out.append(event({"type": "message_stop"}))
+    return out
+
+
+def test_count_tokens_counts_what_the_gateway_would_send(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """For Claude, Anthropic counts the compacted request (no max_tokens, no big tool
+    output); for other models the gateway counts it itself."""
+    upstream.push(JSONReply({"input_tokens": 2_345}))
+    with anthropic.Anthropic(base_url=gateway.url, api_key="k", max_retries=0) as sdk:
+        counted = sdk.messages.count_tokens(model="claude-sonnet-4-6", messages=big_tool_history())
+        assert counted.input_tokens == 2_345
+        (sent,) = upstream.received
+        assert sent.path == "/v1/messages/count_tokens"
+        assert "max_tokens" not in sent.json()
+        assert len(sent.body) < 20_000
+        ours = sdk.messages.count_tokens(model="gpt-4o", messages=big_tool_history())
+    assert 500 < ours.input_tokens < 5_000
+    assert len(upstream.received) == 1

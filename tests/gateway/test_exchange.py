@@ -1,0 +1,55 @@
+"""The exchange with the upstream: what happens around the wire, whatever its format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.exchange import _Remembering
+from gateway.metrics import Metrics
+from gateway.wires import ChatWire
+from pipelines import ConversationState
+from pipelines.report import Report
+
+
+async def test_a_stream_closed_before_it_started_still_stores_the_record() -> None:
+    """The client can leave right after the headers: the record is stored once and the
+    upstream events are closed, though the relay never iterated them."""
+    closed: list[bool] = []
+    remembered: list[Any] = []
+
+    async def upstream_events() -> Any:
+        try:
+            yield b"data: {}\n\n"
+        finally:
+            closed.append(True)
+
+    class Recorder:
+        metrics = Metrics()
+
+        def remember(self, namespace: str, conversation: str, state: Any) -> None:
+            remembered.append((namespace, conversation, state))
+
+    class Result:
+        state = ConversationState()
+        report = Report("gpt-4o", 128_000, 16_384, 111_616, 10)
+
+    class Chat:
+        namespace, conversation, result, state = "ns", "conv", Result(), None
+
+    events = upstream_events()
+    await events.__anext__()  # the first event, already taken by the relay
+    wrapper = _Remembering(
+        Recorder(),  # type: ignore[arg-type]
+        Chat(),  # type: ignore[arg-type]
+        5.0,
+        b"",
+        events,
+        restorer=object(),  # type: ignore[arg-type]
+        tracker=ChatWire(None).usage_tracker(),  # type: ignore[arg-type]
+    )
+    await wrapper.aclose()
+    await wrapper.aclose()
+    assert closed == [True]
+    assert len(remembered) == 1
+    assert remembered[0][2].restore_tool
+    assert remembered[0][2].last_seen == 5.0
