@@ -42,6 +42,7 @@ bench: install-dev
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.store
 	$(BIN)/python -m bench.summaries
+	$(BIN)/python -m bench.cache
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

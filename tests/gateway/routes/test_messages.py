@@ -13,9 +13,11 @@ import httpx
 import orjson
 import pytest
 
+from bench.compaction import requests_of
+from gateway.codecs.anthropic import to_messages
 from gateway.codecs.anthropic_inbound import message_of
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
-from tests.gateway.codecs.test_anthropic import STREAMS, events_of
+from tests.gateway.codecs.test_anthropic import STREAMS, TRACES, events_of
 from tests.harness import GatewayServer
 from tests.mock_upstream import (
     JSONReply,
@@ -518,3 +520,158 @@ def test_count_tokens_counts_what_the_gateway_would_send(
         ours = sdk.messages.count_tokens(model="gpt-4o", messages=big_tool_history())
     assert 500 < ours.input_tokens < 5_000
     assert len(upstream.received) == 1
+
+
+def client_marked(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Messages request a client with markers of its own sends for an OpenAI-form
+    ``history``: a 1-hour marker on its system prompt and 5-minute ones on its first two
+    user turns (three of the four the API allows)."""
+    request = to_messages(
+        {"model": "claude-sonnet-4-6", "messages": history}, default_max_tokens=1_024
+    )
+    request["system"][-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    users = [turn for turn in request["messages"] if turn["role"] == "user"]
+    for turn in users[:2]:
+        turn["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return request
+
+
+def marked_blocks(request: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every block of a Messages request that carries a marker, with the marker."""
+    blocks = [*request.get("tools", ()), *request.get("system", ())]
+    blocks += [block for turn in request["messages"] for block in turn["content"]]
+    return [
+        (
+            orjson.dumps({k: v for k, v in b.items() if k != "cache_control"}).decode(),
+            b["cache_control"],
+        )
+        for b in blocks
+        if "cache_control" in b
+    ]
+
+
+def test_replayed_sessions_read_their_prompt_from_the_cache(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """tau-bench sessions through /v1/messages to a mock that bills like Anthropic's prompt
+    cache: with the gateway's markers most of the prompt is read from the cache, with
+    ``cache-markers=?0`` none of it; no request ever carries more than 4 markers."""
+    from bench.prompt_cache import PrefixCache
+    from pipelines import TokenCounter
+
+    cache = PrefixCache(TokenCounter("o200k_base"))
+    clock = [1_000.0]
+
+    def bill(received: Received) -> Reply:
+        request = received.json()
+        assert len(marked_blocks(request)) <= 4
+        usage = cache.usage(request, clock[0])
+        return JSONReply({**ANSWER, "usage": {**usage, "output_tokens": 2}})
+
+    upstream.handler = bill
+    shares = {}
+    for policy in ("", "cache-markers=?0"):
+        read = total = 0
+        for number, trajectory in enumerate(tau_bench()[:12]):
+            for history in requests_of(trajectory):
+                clock[0] += 5
+                request = to_messages({"model": "claude-sonnet-4-6", "messages": history})
+                response = httpx.post(
+                    f"{gateway.url}/v1/messages",
+                    json=request,
+                    headers={
+                        "x-contextgate-policy": policy,
+                        "x-contextgate-conversation": f"replay-{policy[:5]}-{number}",
+                    },
+                    timeout=30,
+                )
+                usage = response.json()["usage"]
+                read += usage["cache_read_input_tokens"]
+                total += read_total(usage)
+        shares[policy] = read / total
+    assert shares[""] > 0.8
+    assert shares["cache-markers=?0"] == 0
+
+
+def read_total(usage: dict[str, int]) -> int:
+    return (
+        usage["input_tokens"]
+        + usage["cache_read_input_tokens"]
+        + usage["cache_creation_input_tokens"]
+    )
+
+
+def tau_bench() -> list[list[dict[str, Any]]]:
+    return [t["traj"] for t in orjson.loads(TRACES.read_bytes())]
+
+
+def test_a_clients_own_markers_stay_and_the_total_stays_within_four(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A client that marks its system prompt (1 hour) and its first two user turns keeps
+    exactly those markers on exactly those blocks; the gateway adds at most one more, on
+    the newest message (the rolling one), and never one before the 1-hour marker."""
+    upstream.handler = lambda received: JSONReply(ANSWER)
+    added = 0
+    for trajectory in tau_bench()[:15]:
+        for history in requests_of(trajectory):
+            upstream.received.clear()
+            request = client_marked(history)
+            response = httpx.post(f"{gateway.url}/v1/messages", json=request, timeout=30)
+            assert response.status_code == 200
+            sent = upstream.received[0].json()
+            ours, theirs = marked_blocks(request), marked_blocks(sent)
+            assert len(theirs) <= 4
+            assert all(marker in theirs for marker in ours)
+            assert theirs[0] == ours[0]  # nothing before the client's 1-hour marker
+            extra = [m for m in theirs if m not in ours]
+            added += len(extra)
+            assert len(extra) <= 1
+            last = sent["messages"][-1]["content"][-1]
+            assert all(
+                m[0] == marked_blocks({"messages": [{"content": [last]}]})[0][0] for m in extra
+            )
+    assert added > 20
+
+
+def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """In a tool loop the current turn's thinking blocks reach Anthropic exactly as the
+    client sent them (signature and redacted data included); an older turn's are dropped,
+    as the API would."""
+    thinking = {"type": "thinking", "thinking": "Paris first.", "signature": "c2lnbmF0dXJl"}
+    redacted = {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
+    call = {
+        "type": "tool_use",
+        "id": "toolu_2",
+        "name": "get_weather",
+        "input": {"location": "Paris"},
+    }
+    old = {"type": "thinking", "thinking": "Greet.", "signature": "b2xk"}
+    messages: list[Any] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [old, {"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [thinking, redacted, call]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "Sunny"}],
+        },
+    ]
+    upstream.push(JSONReply(ANSWER))
+    client.messages.create(
+        model="claude-sonnet-4-6",
+        max_tokens=2_000,
+        messages=messages,
+        tools=[WEATHER],  # type: ignore[list-item]
+        thinking={"type": "enabled", "budget_tokens": 1_024},
+    )
+    sent = upstream.received[0].json()["messages"]
+    assert [{k: v for k, v in b.items() if k != "cache_control"} for b in sent[3]["content"]] == [
+        thinking,
+        redacted,
+        call,
+    ]
+    assert sent[1]["content"] == [{"type": "text", "text": "Hello."}]
+    assert sent[4]["content"][0]["tool_use_id"] == "toolu_2"

@@ -27,27 +27,9 @@ def trajectories(count: int) -> list[list[dict[str, Any]]]:
 
 
 def to_anthropic(request: dict[str, Any]) -> dict[str, Any]:
-    """The Messages API request the gateway sends for ``request``: the codec's
-    ``to_messages``, with each message-level ``cache_control`` put on the last block the
-    message becomes. (Stand-in until the codec does that itself: then ``to_messages``
-    alone.)"""
-    converted = to_messages(request)
-    system: list[dict[str, Any]] = converted.get("system", [])
-    blocks = [block for turn in converted["messages"] for block in turn["content"]]
-    at = {"system": 0, "messages": 0}
-    for message in request["messages"]:
-        plain = {k: v for k, v in message.items() if k != "cache_control"}
-        alone = to_messages({"messages": [plain]})
-        where = "system" if message["role"] in ("system", "developer") else "messages"
-        if where == "system":
-            count = len(alone.get("system", []))
-        else:
-            count = sum(len(turn["content"]) for turn in alone["messages"])
-        at[where] += count
-        if message.get("cache_control") and count:
-            target = system if where == "system" else blocks
-            target[at[where] - 1]["cache_control"] = message["cache_control"]
-    return converted
+    """The Messages API request the gateway sends for ``request`` (the codec puts each
+    message-level ``cache_control`` on the last block the message becomes)."""
+    return to_messages(request)
 
 
 def client_marked(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
