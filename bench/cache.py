@@ -125,9 +125,10 @@ def replay(
                 policy = [] if method == "contextgate" else ["cache-markers=?0"]
                 if max_input is not None:
                     policy.append(f"max-input={max_input}")
+                conversation = f"{method}-{max_input}-{number}".replace(" ", "-")
                 headers = {
                     "x-api-key": "sk-ant-bench",
-                    "x-contextgate-conversation": f"{method.replace(' ', '-')}-{max_input}-{number}",
+                    "x-contextgate-conversation": conversation,
                     "x-contextgate-policy": ", ".join(policy),
                 }
                 own_cost = shared_cost = 0.0
