@@ -13,7 +13,7 @@ a 1,024-token minimum, 5-minute entries renewed on use). Three ways to send:
 - ``no markers``: nobody marks anything (``x-contextgate-policy: cache-markers=?0``);
 - ``system only``: the client marks its system prompt, the gateway adds nothing.
 
-Each at the model's own budget (no compaction on these sessions) and at ``max-input``
+"vs no markers" compares the cost of all sessions. Each at the model's own budget (no compaction on these sessions) and at ``max-input``
 8,000 (compaction events happen). The cache is billed two ways: each session on a cache of
 its own, and all sessions in turn on one shared cache (a fleet of agents with the same
 system prompt). Cost is at Claude Sonnet prices: input $3, cache writes $3.75, cache reads
@@ -153,16 +153,17 @@ def table(title: str, bills: dict[str, tuple[Bill, Bill]]) -> list[str]:
         title,
         "",
         "| method | input tokens billed | read from cache | written to cache |"
-        " cost per session (median) | vs no markers | shared cache: read | shared: cost"
-        " per session (median) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        " cost per session (median) | all sessions | vs no markers | shared cache: read |"
+        " shared: cost per session (median) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    base = statistics.median(bills["no markers"][0].sessions)
+    base = sum(bills["no markers"][0].sessions)
     for method, (own, shared) in bills.items():
-        median = statistics.median(own.sessions)
+        median, total = statistics.median(own.sessions), sum(own.sessions)
         lines.append(
             f"| {method} | {own.total:,} | {own.read / own.total:.1%} |"
-            f" {own.written / own.total:.1%} | ${median:.4f} | {median / base:.2f}x |"
+            f" {own.written / own.total:.1%} | ${median:.4f} | ${total:.2f} |"
+            f" {total / base:.2f}x |"
             f" {shared.read / shared.total:.1%} |"
             f" ${statistics.median(shared.sessions):.4f} |"
         )
