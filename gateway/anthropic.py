@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 import anthropic
 import httpx
@@ -28,7 +28,12 @@ import httpx2
 import orjson
 
 from gateway.codecs.anthropic import ChunkTranslator, from_message, to_messages
-from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
+from gateway.errors import (
+    UpstreamInvalidAnswer,
+    UpstreamStreamBroken,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.settings import AnthropicSettings, UpstreamSettings
 from gateway.sse import event_data
 from gateway.upstream import ResponseReading
@@ -123,7 +128,7 @@ class AnthropicUpstream(ResponseReading):
                 headers={"content-type": "text/event-stream; charset=utf-8"},
                 stream=_Chunks(self.events(response), translator),
             )
-        message = orjson.loads(await self.read_body(response))
+        message = _message(await self.read_body(response))
         answer = from_message(message, created=created)
         return httpx.Response(
             200, headers={"content-type": "application/json"}, content=orjson.dumps(answer)
@@ -175,6 +180,20 @@ def _key(headers: Mapping[str, str]) -> str:
     if authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return headers.get("x-api-key", "")
+
+
+def _message(body: bytes) -> dict[str, Any]:
+    """The Messages answer in a success ``body``, or ``UpstreamInvalidAnswer``."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        message = None
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        raise UpstreamInvalidAnswer(
+            "Anthropic answered with success, and a body that is not a message:"
+            f" {body[:200].decode('utf-8', 'replace')}"
+        )
+    return message
 
 
 def _relayed_on_error(name: str) -> bool:

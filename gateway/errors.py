@@ -8,6 +8,7 @@
     ├── ClientDisconnected      499  invalid_request_error  client_closed_request
     ├── UpstreamUnreachable     502  upstream_error         upstream_unreachable
     ├── UpstreamStreamBroken    502  upstream_error         upstream_stream_error
+    ├── UpstreamInvalidAnswer   502  upstream_error         upstream_invalid_answer
     └── UpstreamTimeout         504  upstream_error         upstream_timeout
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
@@ -27,6 +28,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RequestRejectedError",
+    "UpstreamInvalidAnswer",
     "UpstreamStreamBroken",
     "UpstreamTimeout",
     "UpstreamUnreachable",
@@ -102,6 +104,15 @@ class UpstreamStreamBroken(GatewayError):
     status = 502
     type = "upstream_error"
     default_code = "upstream_stream_error"
+
+
+class UpstreamInvalidAnswer(GatewayError):
+    """The upstream answered with success and a body that is not the answer it should be
+    (not JSON, or not an object of the API's shape), where the gateway must read it."""
+
+    status = 502
+    type = "upstream_error"
+    default_code = "upstream_invalid_answer"
 
 
 class UpstreamTimeout(GatewayError):

@@ -4,8 +4,10 @@ The chat route and the Messages route differ in what they read and write; what h
 between is the same and lives here: the pipeline's request goes out (with the restore tool
 once the conversation has refs), an upstream context overflow is compacted again and
 retried, the model's restore calls are answered in place, and the conversation's record is
-stored with the usage the provider reported. A ``Wire`` says how requests and answers look
-on the upstream's side: OpenAI chat, or the Anthropic Messages API (``gateway.wires``).
+stored with the usage the provider reported for the request (its first answer: restore
+rounds are not part of the conversation the next request continues). A ``Wire`` says how
+requests and answers look on the upstream's side: OpenAI chat, or the Anthropic Messages API
+(``gateway.wires``).
 
 ``exchange`` returns ``Buffered`` (status, headers and the whole body) or ``Streamed`` (the
 first event and the rest); the route turns either into its own response.
@@ -42,6 +44,7 @@ __all__ = [
     "UsageTracker",
     "Wire",
     "exchange",
+    "with_restore",
 ]
 
 log = logging.getLogger("contextgate.exchange")
@@ -146,21 +149,20 @@ async def exchange(
         content = chat.raw if chat.raw is not None and not result.changed else None
         content = content if content is not None else wire.encode(outgoing)
         restorer = None
-        if (chat.state is not None and chat.state.restore_tool) or has_refs(content):
-            tooled = with_restore_tool(outgoing)
-            if tooled is not None:
-                outgoing, content = tooled, wire.encode(tooled)
-                counter = gateway.pipeline.counter(
-                    gateway.pipeline.catalog.lookup(str(outgoing.get("model", ""))).encoding
-                )
-                restorer = Restorer(
-                    gateway.stores.objects,
-                    chat.namespace,
-                    counter,
-                    room=result.report.budget
-                    - result.report.tokens_after
-                    - counter.count_tools([RESTORE_TOOL]),
-                )
+        tooled = with_restore(chat, outgoing, content)
+        if tooled is not None:
+            outgoing, content = tooled, wire.encode(tooled)
+            counter = gateway.pipeline.counter(
+                gateway.pipeline.catalog.lookup(str(outgoing.get("model", ""))).encoding
+            )
+            restorer = Restorer(
+                gateway.stores.objects,
+                chat.namespace,
+                counter,
+                room=result.report.budget
+                - result.report.tokens_after
+                - counter.count_tools([RESTORE_TOOL]),
+            )
         sent_at = time.time()
         response = await while_connected(request.receive, wire.send(content, headers))
         ours = report_headers(request_id, result.report, own_ms)
@@ -178,12 +180,15 @@ async def exchange(
                     await aclose()
                 status, body = failed
                 return Buffered(response, body, ours, status=status)
+            tracker = wire.usage_tracker()
+            tracker.add(first)
+            metered = _Metered(events, tracker)
+            relayed: AsyncIterator[bytes] = metered
             if restorer is not None:
                 resend = _resend_stream(wire, outgoing, headers)
-                events = wire.stream(first, events, restorer, resend)
+                relayed = wire.stream(first, metered, restorer, resend)
                 first = b""
-            tracker = wire.usage_tracker()
-            events = _Remembering(gateway, chat, sent_at, first, events, restorer, tracker)
+            events = _Remembering(gateway, chat, sent_at, relayed, metered, restorer, tracker)
             return Streamed(response, first, events, ours)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         body = await while_connected(request.receive, upstream.read_body(response, limit))
@@ -200,6 +205,9 @@ async def exchange(
                 chat = smaller
                 continue
         break
+    # The first answer's usage is the conversation's: its next request has none of the
+    # restore rounds' turns (the client's body still adds every round up).
+    usage = wire.usage(body) if response.is_success else None
     if response.is_success and restorer is not None:
         try:
             body = await while_connected(
@@ -210,13 +218,24 @@ async def exchange(
             response, body = answered.response, answered.body
         ours["x-contextgate-restore"] = restorer.stats.header()
     if response.is_success:
-        usage = wire.usage(body)
         cause = note_cache_break(gateway.metrics, chat, usage)
         ours.pop(CACHE_BREAK_HEADER, None)
         if cause is not None:
             ours[CACHE_BREAK_HEADER] = cause
         _remember(gateway, chat, sent_at, usage, restorer is not None)
     return Buffered(response, body, ours)
+
+
+def with_restore(
+    chat: ChatRequest, outgoing: dict[str, Any], content: bytes
+) -> dict[str, Any] | None:
+    """``outgoing`` with the restore tool when the conversation has it already (once added
+    it stays, so the tools do not change from one turn to the next) or ``content``, the
+    body for ``outgoing``, names an offloaded object; ``None`` when it needs none or cannot
+    have it (``with_restore_tool``)."""
+    if (chat.state is not None and chat.state.restore_tool) or has_refs(content):
+        return with_restore_tool(outgoing)
+    return None
 
 
 def _remember(
@@ -262,28 +281,60 @@ def _resend_stream(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]
     return resend
 
 
+class _Metered:
+    """The upstream's events relayed as they are, each also read by ``tracker``."""
+
+    __slots__ = ("_events", "_tracker")
+
+    def __init__(self, events: AsyncIterator[bytes], tracker: UsageTracker) -> None:
+        self._events, self._tracker = events, tracker
+
+    def __aiter__(self) -> _Metered:
+        return self
+
+    async def __anext__(self) -> bytes:
+        event = await self._events.__anext__()
+        self._tracker.add(event)
+        return event
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 class _Remembering:
     """``events`` relayed as they are; when the stream ends, however it ends (also when it
     is closed before it started), the conversation's record is stored once, with the usage
-    the stream reported, and the events are closed."""
+    ``tracker`` read from the upstream's first answer, and the events are closed, and so is
+    ``upstream``, the first answer's own events under them (``events`` may be a restore
+    loop around them that never started, and so would close nothing)."""
 
-    __slots__ = ("_chat", "_done", "_events", "_gateway", "_restore_tool", "_sent_at", "_tracker")
+    __slots__ = (
+        "_chat",
+        "_done",
+        "_events",
+        "_gateway",
+        "_restore_tool",
+        "_sent_at",
+        "_tracker",
+        "_upstream",
+    )
 
     def __init__(
         self,
         gateway: Gateway,
         chat: ChatRequest,
         sent_at: float,
-        first: bytes,
         events: AsyncIterator[bytes],
+        upstream: AsyncIterator[bytes],
         restorer: Restorer | None,
         tracker: UsageTracker,
     ) -> None:
         self._gateway, self._chat, self._sent_at = gateway, chat, sent_at
-        self._events, self._restore_tool = events, restorer is not None
+        self._events, self._upstream = events, upstream
+        self._restore_tool = restorer is not None
         self._tracker = tracker
-        if first:
-            tracker.add(first)
         self._done = False
 
     def __aiter__(self) -> _Remembering:
@@ -291,12 +342,10 @@ class _Remembering:
 
     async def __anext__(self) -> bytes:
         try:
-            event = await self._events.__anext__()
+            return await self._events.__anext__()
         except BaseException:
             await self.aclose()
             raise
-        self._tracker.add(event)
-        return event
 
     async def aclose(self) -> None:
         if self._done:
@@ -305,7 +354,8 @@ class _Remembering:
         usage = self._tracker.usage
         note_cache_break(self._gateway.metrics, self._chat, usage)
         _remember(self._gateway, self._chat, self._sent_at, usage, self._restore_tool)
-        aclose = getattr(self._events, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        with anyio.CancelScope(shield=True):
+            for events in (self._events, self._upstream):
+                aclose = getattr(events, "aclose", None)
+                if aclose is not None:
+                    await aclose()

@@ -1,14 +1,17 @@
 """The restore loop on the Anthropic Messages wire (``gateway.restore`` for OpenAI chat).
 
-When the model answers with ``tool_use`` blocks of the ``context_restore`` tool, the
-gateway answers them from the store and asks again with the assistant turn (its blocks as
-they came: thinking with its signature, text, the calls) and a user turn of
-``tool_result`` blocks appended, up to ``MAX_ROUNDS`` times. The client sees one message:
-streamed, the restore blocks are held back (their name is known at ``content_block_start``,
-so nothing else waits), the other blocks pass at once, renumbered so the indices run on
-without a gap across rounds; a later round's ``message_start`` is swallowed, and one
-``message_delta`` with the usage of every round added up ends the message. Answers that mix
-the client's tool calls with restore calls keep the client's and drop the restore calls.
+When the model answers with ``tool_use`` blocks of the ``context_restore`` tool, the gateway
+answers them from the store and asks again with the assistant turn (its blocks as they came:
+thinking with its signature, text, the calls) and a user turn of ``tool_result`` blocks
+appended, up to ``MAX_ROUNDS`` times. The client sees one message, streamed or not, with the
+blocks of every round but the restore calls (so a thinking block that came before a restore
+call still leads the turn, as the API requires of a turn that calls the client's tools when
+thinking is on): streamed, the restore blocks are held back (their name is known at
+``content_block_start``, so nothing else waits), the other blocks pass at once, renumbered
+so the indices run on without a gap across rounds; a later round's ``message_start`` is
+swallowed, and one ``message_delta`` with the usage of every round added up ends the
+message. Answers that mix the client's tool calls with restore calls keep the client's and
+drop the restore calls.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ async def complete(
     stats = restorer.stats
     extra: list[dict[str, Any]] = []
     usage: dict[str, Any] | None = None
+    shown: list[Any] = []
+    """The blocks of the rounds before, less their restore calls."""
     while True:
         try:
             answer = orjson.loads(body)
@@ -89,13 +94,16 @@ async def complete(
             answer["content"] = [b for b in content if not _is_restore(b)]
             if not others:
                 answer["stop_reason"] = "end_turn"
-                if not any(b.get("type") == "text" for b in answer["content"]):
+                blocks = [*shown, *answer["content"]]
+                if not any(isinstance(b, dict) and b.get("type") == "text" for b in blocks):
                     answer["content"].append({"type": "text", "text": EXHAUSTED})
             break
         stats.rounds += 1
+        shown.extend(b for b in content if not _is_restore(b))
         extra.append({"role": "assistant", "content": content})
         extra.append(await _answers(restorer, restores))
         body = await resend(list(extra))
+    answer["content"] = [*shown, *answer["content"]]
     if usage is not None:
         answer["usage"] = usage
     return orjson.dumps(answer)

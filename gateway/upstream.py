@@ -64,13 +64,17 @@ def upstream_request_headers(
     client_headers: Iterable[tuple[str, str]], api_key: str | None
 ) -> dict[str, str]:
     """The client's headers minus hop-by-hop and gateway ones; the configured key, if any,
-    replaces the caller's ``Authorization``."""
+    replaces the caller's ``Authorization``. Without one, a caller presenting its key only
+    as ``x-api-key`` (Anthropic's SDK) has it sent as ``Authorization: Bearer``, the header
+    OpenAI-compatible upstreams read (and ``gateway.anthropic`` reads either)."""
     headers: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
         if lower in _NOT_FORWARDED or lower.startswith("x-contextgate-"):
             continue
         headers[lower] = value
+    if api_key is None and "authorization" not in headers:
+        api_key = headers.get("x-api-key") or None
     if api_key is not None:
         headers["authorization"] = f"Bearer {api_key}"
         headers.pop("x-api-key", None)
@@ -237,6 +241,7 @@ OVERFLOW_PHRASES: Final = (
     "reduce the length of the messages",
     "too many tokens",
     "prompt is too long",
+    "exceed context limit",
 )
 
 

@@ -25,7 +25,6 @@ import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.auth import credential_of
 from gateway.client import read_body
 from gateway.codecs.anthropic_inbound import (
     EventTranslator,
@@ -37,11 +36,11 @@ from gateway.codecs.anthropic_inbound import (
     to_request,
 )
 from gateway.compaction import compact_request
-from gateway.errors import GatewayError
-from gateway.exchange import Buffered, exchange
+from gateway.errors import GatewayError, UpstreamInvalidAnswer
+from gateway.exchange import Buffered, exchange, with_restore
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, streamed_response
-from gateway.restore import chain
+from gateway.restore import RESTORE_TOOL, chain
 from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
 from gateway.upstream import upstream_request_headers
@@ -91,12 +90,6 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
             request_id,
             anthropic_error_event,
         )
-    key = gateway.upstream_key(chat.caller, model)
-    if key is None and chat.caller.tenant is None:
-        # Passthrough: an Anthropic client presents its key as x-api-key, and
-        # OpenAI-compatible upstreams read Authorization.
-        key = credential_of(request.headers)
-    headers = upstream_request_headers(request.headers.items(), key)
     headers["content-type"] = "application/json"
     answer = await exchange(
         request,
@@ -109,7 +102,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if isinstance(answer, Buffered):
         status = answer.status or answer.response.status_code
         if 200 <= status < 300:
-            body = orjson.dumps(message_of(orjson.loads(answer.body)))
+            body = orjson.dumps(message_of(_completion(answer.body)))
         else:
             body = error_from_openai(status, answer.body)
         return buffered_response(answer.response, body, answer.headers, status)
@@ -122,8 +115,8 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
 @post("/v1/messages/count_tokens", status_code=200)
 async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The input tokens of a Messages request as the gateway would send it (compacted, no
-    summary model asked): Anthropic's own count for ``claude-*`` models, the gateway's
-    for the others."""
+    summary model asked, with the restore tool when it would carry it): Anthropic's own
+    count for ``claude-*`` models, the gateway's for the others."""
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
     raw = await read_body(
@@ -134,17 +127,38 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
     ours = report_headers(request_id, report, report.ms)
+    outgoing = chat.result.request
+    tooled = with_restore(chat, outgoing, orjson.dumps(outgoing))
     if gateway.upstream_for(model) is gateway.anthropic:
         headers = upstream_request_headers(
             request.headers.items(), gateway.upstream_key(chat.caller, model)
         )
-        outgoing = to_request(chat.result.request, inbound.native, default_max_tokens=1)
-        counted = {k: v for k, v in outgoing.items() if k in _COUNTED}
+        messages = to_request(tooled or outgoing, inbound.native, default_max_tokens=1)
+        counted = {k: v for k, v in messages.items() if k in _COUNTED}
         response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
         body = await gateway.anthropic.read_body(response)
         return buffered_response(response, body, ours)
-    body = orjson.dumps({"input_tokens": report.tokens_after})
+    tokens = report.tokens_after
+    if tooled is not None:
+        encoding = gateway.pipeline.catalog.lookup(model).encoding
+        tokens += gateway.pipeline.counter(encoding).count_tools([RESTORE_TOOL])
+    body = orjson.dumps({"input_tokens": tokens})
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
+
+
+def _completion(body: bytes) -> dict[str, Any]:
+    """The chat completion in a success ``body``, or ``UpstreamInvalidAnswer``: a body that
+    is not one cannot be translated (the chat route relays it as it is)."""
+    try:
+        completion = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        completion = None
+    if not isinstance(completion, dict):
+        raise UpstreamInvalidAnswer(
+            "The upstream answered with success, and a body that is not a chat completion:"
+            f" {body[:200].decode('utf-8', 'replace')}"
+        )
+    return completion
 
 
 def _with_max_tokens(raw: bytes) -> bytes:

@@ -265,3 +265,19 @@ def test_max_tokens_defaults_to_the_models_output_limit(
     client.chat.completions.create(model="claude-3-haiku-20240307", messages=MESSAGES)
     client.chat.completions.create(model="claude-sonnet-4", messages=MESSAGES)
     assert [r.json()["max_tokens"] for r in upstream.received] == [4_096, 8_192]
+
+
+@pytest.mark.parametrize("body", [b"<html>Bad gateway</html>", b"[1, 2]", b'{"content": 5}'])
+def test_an_anthropic_success_that_is_not_a_message_is_a_502(
+    client: openai.OpenAI, upstream: MockUpstream, body: bytes
+) -> None:
+    """A 200 from Anthropic whose body is not a message cannot be translated: a 502 in the
+    OpenAI envelope that quotes it, not the gateway's 500."""
+    upstream.push(JSONReply(body))
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="claude-sonnet-4", messages=MESSAGES)
+    assert caught.value.status_code == 502
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "upstream_invalid_answer"
+    assert body.decode() in error["message"]

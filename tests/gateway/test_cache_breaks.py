@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from tests.harness import GatewayServer
-from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
+from tests.mock_upstream import (
+    JSONReply,
+    MockUpstream,
+    Received,
+    Reply,
+    SSEReply,
+    chat_completion,
+    events_of,
+)
 
 SYSTEM = "You are the airline's agent. Follow the booking policy to the letter. " * 60
 
@@ -110,3 +118,88 @@ def test_a_stream_says_the_predicted_break_before_it_starts(
     assert response.headers["x-contextgate-cache-break"] == "tools"
     assert "Done." in response.text
     assert breaks(gateway, "tools") == before + 1
+
+
+@pytest.mark.parametrize(("cached", "expected"), [(30_100, None), (0, "unknown")])
+@pytest.mark.parametrize("wire", ["chat", "messages", "messages-stream"])
+def test_restore_rounds_do_not_count_as_the_conversations_cache(
+    upstream: MockUpstream, wire: str, cached: int, expected: str | None
+) -> None:
+    """A request whose model restored something read the cache once per round; the next
+    request is judged against the first round alone: the same reads are no break, a real
+    drop still is."""
+    from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+    from tests.gateway.routes import test_messages as messages
+    from tests.gateway.routes import test_restore_tool as restore
+
+    def chat_round(received: Received) -> Reply:
+        body = received.json()
+        usage = {
+            "prompt_tokens": 31_000,
+            "completion_tokens": 8,
+            "total_tokens": 31_008,
+            "prompt_tokens_details": {"cached_tokens": 30_000},
+        }
+        if body["messages"][-1]["role"] == "tool" and body["messages"][-1]["tool_call_id"] == "r1":
+            reply = restore.answer("Seat 7C is BK0007.", 0)
+        else:
+            found = restore.REF.search(received.body.decode())
+            assert found is not None
+            reply = restore.calling(restore.restore_call(found.group()))
+        return JSONReply({**reply, "usage": usage})
+
+    def messages_round(received: Received) -> Reply:
+        reply = messages.restoring(received)
+        assert isinstance(reply, JSONReply)
+        usage = {"input_tokens": 1_000, "cache_read_input_tokens": 30_000, "output_tokens": 8}
+        body = {**reply.body, "usage": usage}
+        return (
+            SSEReply(messages.message_events(body))
+            if wire == "messages-stream"
+            else JSONReply(body)
+        )
+
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        summaries=False,
+    )
+    headers = {"x-api-key": "sk-test", "x-contextgate-conversation": "restored", **restore.POLICY}
+    if wire == "chat":
+        url, history = "/v1/chat/completions", restore.history("restored")
+        request: dict[str, Any] = {"model": "gpt-4o"}
+        upstream.handler = chat_round
+        later = answer(cached).body
+        later["usage"] = {**later["usage"], "prompt_tokens": 31_500}
+        then = JSONReply(later)
+    else:
+        url, history = "/v1/messages", messages.big_tool_history()
+        request = {"model": "claude-sonnet-4-6", "max_tokens": 100, "stream": wire != "messages"}
+        upstream.handler = messages_round
+        usage = {"input_tokens": 1_500, "cache_read_input_tokens": cached, "output_tokens": 8}
+        then = JSONReply({**messages.ANSWER, "usage": usage})
+    with GatewayServer(settings) as gateway:
+        first = httpx.post(
+            f"{gateway.url}{url}",
+            json={**request, "messages": history},
+            headers=headers,
+            timeout=30,
+        )
+        assert first.status_code == 200
+        assert len(upstream.received) == 2  # the model restored once
+        upstream.handler = None
+        upstream.push(then)
+        before = breaks(gateway, "unknown")
+        history = [
+            *history,
+            {"role": "assistant", "content": "Seat 7C is BK0007."},
+            {"role": "user", "content": "Thanks. Cancel it."},
+        ]
+        response = httpx.post(
+            f"{gateway.url}{url}",
+            json={**request, "stream": False, "messages": history},
+            headers=headers,
+            timeout=30,
+        )
+        assert response.headers.get("x-contextgate-cache-break") == expected
+        assert breaks(gateway, "unknown") == before + (expected is not None)

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.exchange import _Remembering
+import pytest
+
+from gateway.exchange import _Metered, _Remembering
 from gateway.metrics import Metrics
 from gateway.wires import ChatWire
 from pipelines import ConversationState
 from pipelines.report import Report
 
 
-async def test_a_stream_closed_before_it_started_still_stores_the_record() -> None:
+@pytest.mark.parametrize("restoring", [False, True])
+async def test_a_stream_closed_before_it_started_still_stores_the_record(
+    restoring: bool,
+) -> None:
     """The client can leave right after the headers: the record is stored once and the
-    upstream events are closed, though the relay never iterated them."""
+    upstream events are closed, though the relay never iterated them (nor the restore
+    loop around them, which would close nothing)."""
     closed: list[bool] = []
     remembered: list[Any] = []
 
-    async def upstream_events() -> Any:
+    async def upstream_events() -> AsyncIterator[bytes]:
         try:
             yield b"data: {}\n\n"
         finally:
             closed.append(True)
+
+    async def restore_loop(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        async for event in events:  # never reached: the loop never starts
+            yield event
 
     class Recorder:
         metrics = Metrics()
@@ -38,18 +49,20 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record() -> No
 
     events = upstream_events()
     await events.__anext__()  # the first event, already taken by the relay
+    tracker = ChatWire(None).usage_tracker()  # type: ignore[arg-type]
+    metered = _Metered(events, tracker)
     wrapper = _Remembering(
         Recorder(),  # type: ignore[arg-type]
         Chat(),  # type: ignore[arg-type]
         5.0,
-        b"",
-        events,
-        restorer=object(),  # type: ignore[arg-type]
-        tracker=ChatWire(None).usage_tracker(),  # type: ignore[arg-type]
+        restore_loop(metered) if restoring else metered,
+        metered,
+        restorer=object() if restoring else None,  # type: ignore[arg-type]
+        tracker=tracker,
     )
     await wrapper.aclose()
     await wrapper.aclose()
     assert closed == [True]
     assert len(remembered) == 1
-    assert remembered[0][2].restore_tool
+    assert remembered[0][2].restore_tool is restoring
     assert remembered[0][2].last_seen == 5.0

@@ -43,6 +43,19 @@ def test_configured_key_replaces_callers() -> None:
     assert headers == {"authorization": "Bearer sk-server"}
 
 
+def test_a_key_sent_as_x_api_key_goes_as_authorization() -> None:
+    """Without a configured key, a caller's key presented only as ``x-api-key`` (Anthropic's
+    clients) goes as the Authorization OpenAI-compatible upstreams read; a caller's own
+    Authorization is left as it is."""
+    assert upstream_request_headers([("x-api-key", "sk-1")], api_key=None) == {
+        "authorization": "Bearer sk-1"
+    }
+    both = upstream_request_headers(
+        [("authorization", "Basic dTpw"), ("x-api-key", "sk-1")], api_key=None
+    )
+    assert both == {"authorization": "Basic dTpw", "x-api-key": "sk-1"}
+
+
 def test_response_headers_relayed_without_hop_by_hop() -> None:
     """Rate-limit and request-id headers are relayed; framing and cookies are not."""
     upstream = httpx.Headers(

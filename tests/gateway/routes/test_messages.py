@@ -404,13 +404,13 @@ def test_a_restore_call_is_answered_by_the_gateway(
 ) -> None:
     """The big tool output goes out as a preview with a ref and the restore tool; the
     model's restore call is answered with the stored content and the client only sees the
-    final answer, with the usage of both rounds."""
+    answer (the text of both rounds, as streamed), with the usage of both rounds."""
     upstream.handler = restoring
     message = client.messages.create(
         model="claude-sonnet-4-6", max_tokens=100, messages=big_tool_history()
     )
-    assert [b.type for b in message.content] == ["text"]
-    assert message.content[0].text == "It costs 142."  # type: ignore[union-attr]
+    assert [b.type for b in message.content] == ["text", "text"]
+    assert "".join(b.text for b in message.content) == "Let me look.It costs 142."  # type: ignore[union-attr]
     assert message.usage.input_tokens == 920
     first, second = upstream.received
     sent = first.json()
@@ -455,7 +455,17 @@ def message_events(message: dict[str, Any]) -> list[bytes]:
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     out = [event({"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
+        if block["type"] == "thinking":
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            for delta in (
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ):
+                out.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
+        elif block["type"] == "text":
             out.append(
                 event(
                     {
@@ -675,3 +685,251 @@ def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
     ]
     assert sent[1]["content"] == [{"type": "text", "text": "Hello."}]
     assert sent[4]["content"][0]["tool_use_id"] == "toolu_2"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("body", [b"<html>Bad gateway</html>", b"[1, 2]"])
+def test_a_success_that_is_not_a_completion_is_a_502(
+    client: anthropic.Anthropic, upstream: MockUpstream, body: bytes, stream: bool
+) -> None:
+    """An OpenAI-compatible upstream's 200 whose body is not a chat completion cannot be
+    translated: the client gets a 502 in Anthropic's envelope that quotes it."""
+    upstream.push(JSONReply(body))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        if stream:
+            with client.messages.stream(model="gpt-4o", max_tokens=5, messages=MESSAGES) as events:
+                events.get_final_message()
+        else:
+            client.messages.create(model="gpt-4o", max_tokens=5, messages=MESSAGES)
+    assert caught.value.status_code == 502
+    error = caught.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "api_error"
+    assert body.decode() in error["message"]
+
+
+def test_an_anthropic_clients_own_key_reaches_an_openai_compatible_upstream(
+    upstream: MockUpstream,
+) -> None:
+    """Passthrough: the key a client presents as ``x-api-key`` (as Claude Code and
+    Anthropic's SDKs do) goes to an OpenAI-compatible upstream as Authorization, on the
+    client's request and on the summary calls made for its conversation."""
+    from tests.gateway.test_summaries import SummaryModel, turns
+
+    model = SummaryModel()
+    upstream.handler = model
+    settings = Settings(upstream=UpstreamSettings(base_url=upstream.base_url), summaries=True)
+    headers = {
+        "x-api-key": "sk-callers-own",
+        "anthropic-version": "2023-06-01",
+        "x-contextgate-policy": "max-input=8000",
+        "x-contextgate-conversation": "own-key",
+    }
+    with GatewayServer(settings) as gateway:
+        for history in turns():
+            request = to_messages({"model": "gpt-4o", "messages": history})
+            response = httpx.post(
+                f"{gateway.url}/v1/messages", json=request, headers=headers, timeout=30
+            )
+            assert response.status_code == 200
+            if model.calls:
+                break
+    summaries = [r for r in upstream.received if b"response_format" in r.body]
+    assert summaries
+    assert upstream.received[0] not in summaries
+    for received in upstream.received:
+        assert received.headers["authorization"] == "Bearer sk-callers-own"
+        assert "x-api-key" not in received.headers
+
+
+@pytest.mark.parametrize("model", ["claude-sonnet-4-6", "gpt-4o"])
+def test_count_tokens_counts_the_restore_tool(
+    gateway: GatewayServer, upstream: MockUpstream, model: str
+) -> None:
+    """A conversation with offloaded content is sent with the restore tool, and
+    count_tokens counts it too: Anthropic is asked about the very tools the request
+    carries, and the gateway's own count grows by the tool."""
+    upstream.handler = lambda received: JSONReply(
+        {"input_tokens": 2_345} if received.path.endswith("count_tokens") else ANSWER
+    )
+    tool = {"name": "search", "input_schema": {"type": "object"}}
+    headers = {"x-api-key": "k", "x-contextgate-conversation": f"counted-{model}"}
+    request = {"model": model, "messages": big_tool_history(), "tools": [tool]}
+    counted = httpx.post(
+        f"{gateway.url}/v1/messages/count_tokens", json=request, headers=headers, timeout=30
+    )
+    assert counted.status_code == 200
+    if model.startswith("claude"):
+        sent = httpx.post(
+            f"{gateway.url}/v1/messages", json={**request, "max_tokens": 100}, headers=headers
+        )
+        assert sent.status_code == 200
+        asked, answered = (r.json() for r in upstream.received)
+        assert [t["name"] for t in asked["tools"]] == ["search", "context_restore"]
+        assert asked["tools"] == answered["tools"]
+    else:
+        after = int(counted.headers["x-contextgate-tokens"].split("after=")[1])
+        assert counted.json()["input_tokens"] > after + 50  # the compacted messages and tools
+
+
+OVERFLOWS = {
+    "claude-sonnet-4-6": (
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "input length and `max_tokens` exceed context limit: 178959 + 64000"
+                " > 200000, decrease input length or `max_tokens` and try again",
+            },
+        },
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 210000 tokens > 200000 maximum",
+            },
+        },
+    ),
+    "gpt-4o": (
+        {
+            "error": {
+                "message": "This model's maximum context length is 128000 tokens.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            }
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("model", "error"), [(model, error) for model, errors in OVERFLOWS.items() for error in errors]
+)
+def test_an_upstream_overflow_is_compacted_and_retried(
+    client: anthropic.Anthropic,
+    upstream: MockUpstream,
+    model: str,
+    error: dict[str, Any],
+    stream: bool,
+) -> None:
+    """The window the upstream counts is smaller than the gateway thought: the request is
+    compacted to half and sent again, and the client gets the answer."""
+    if model.startswith("claude"):
+        answer: Reply = SSEReply(message_events(ANSWER)) if stream else JSONReply(ANSWER)
+    elif stream:
+        chunk = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": model,
+            "choices": [{"index": 0, "delta": {"content": "Sunny, 24 degrees."}}],
+        }
+        answer = SSEReply([b"data: " + orjson.dumps(chunk) + b"\n\n", b"data: [DONE]\n\n"])
+    else:
+        answer = JSONReply(chat_completion("Sunny, 24 degrees."))
+    upstream.push(JSONReply(error, status=400), answer)
+    history: list[Any] = [
+        {"role": "user", "content": f"Question {n}: " + "word " * 3_000} for n in range(12)
+    ]
+    history = [
+        turn
+        for n, question in enumerate(history)
+        for turn in (question, {"role": "assistant", "content": f"Answer {n}."})
+    ]
+    history.append({"role": "user", "content": "And the weather?"})
+    if stream:
+        with client.messages.stream(model=model, max_tokens=100, messages=history) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(model=model, max_tokens=100, messages=history)
+    assert message.content[0].text == "Sunny, 24 degrees."  # type: ignore[union-attr]
+    first, second = upstream.received
+    assert len(second.body) < len(first.body) * 0.6
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_a_tenants_gateway_key_never_goes_upstream(upstream: MockUpstream, path: str) -> None:
+    """With tenants, a Messages client's gateway key (sent as x-api-key) goes nowhere:
+    Anthropic gets the Anthropic key, the OpenAI-compatible upstream the OpenAI key, and
+    neither gets the other's."""
+    from gateway.settings import TenantSettings
+    from gateway.tenants import hash_key
+
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url, api_key="sk-openai-SECRET"),
+        anthropic=AnthropicSettings(
+            base_url=upstream.base_url.removesuffix("/v1"), api_key="sk-ant-SECRET"
+        ),
+        tenants=(TenantSettings("alpha", (hash_key("cg-alpha-key"),)),),
+        summaries=False,
+    )
+    upstream.handler = lambda received: JSONReply(
+        {"input_tokens": 5}
+        if received.path.endswith("count_tokens")
+        else ANSWER
+        if received.path.endswith("/messages")
+        else chat_completion()
+    )
+    with GatewayServer(settings) as gateway:
+        for model in ("claude-sonnet-4-6", "gpt-4o"):
+            response = httpx.post(
+                f"{gateway.url}{path}",
+                json={"model": model, "max_tokens": 5, "messages": MESSAGES},
+                headers={"x-api-key": "cg-alpha-key"},
+                timeout=30,
+            )
+            assert response.status_code == 200
+    credentials = {
+        r.path: " ".join(v for k, v in r.headers.items() if k in ("authorization", "x-api-key"))
+        for r in upstream.received
+    }
+    assert credentials.pop(path) in (
+        "Bearer sk-ant-SECRET",
+        "sk-ant-SECRET",
+    )
+    assert credentials == (
+        {} if path.endswith("count_tokens") else {"/v1/chat/completions": "Bearer sk-openai-SECRET"}
+    )
+    assert len(upstream.received) == (1 if path.endswith("count_tokens") else 2)
+
+
+def test_a_thinking_block_before_a_restore_call_leads_the_answer(
+    client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """With thinking on, the model thinks, restores, then calls the client's tool (the
+    round after a tool result has no thinking of its own): streamed or not, the client gets
+    the thinking block first, so the turn it sends back with its tool result starts with it,
+    as Anthropic requires."""
+    thinking = {"type": "thinking", "thinking": "I need the row.", "signature": "c2lnbmF0dXJl"}
+    search = {"type": "tool_use", "id": "toolu_c", "name": "search", "input": {"q": "HAT042"}}
+
+    def model(received: Received) -> Reply:
+        last = received.json()["messages"][-1]["content"]
+        if any(b.get("tool_use_id") == "toolu_r1" for b in last):
+            content = [search]
+        else:
+            ref = REF.search(received.body.decode())
+            assert ref is not None
+            restore = {"type": "tool_use", "id": "toolu_r1", "name": "context_restore"}
+            content = [thinking, {**restore, "input": {"ref": ref.group()}}]
+        answer = {**ANSWER, "content": content, "stop_reason": "tool_use"}
+        return (
+            SSEReply(message_events(answer))
+            if b'"stream":true' in received.body
+            else (JSONReply(answer))
+        )
+
+    upstream.handler = model
+    request: dict[str, Any] = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 2_000,
+        "messages": big_tool_history(),
+        "thinking": {"type": "enabled", "budget_tokens": 1_024},
+        "tools": [{"name": "search", "input_schema": {"type": "object"}}],
+    }
+    created = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    assert created.model_dump(exclude_none=True) == streamed.model_dump(exclude_none=True)
+    assert [b.model_dump(exclude_none=True) for b in created.content] == [thinking, search]
+    assert created.stop_reason == "tool_use"
