@@ -13,11 +13,12 @@ a 1,024-token minimum, 5-minute entries renewed on use). Three ways to send:
 - ``no markers``: nobody marks anything (``x-contextgate-policy: cache-markers=?0``);
 - ``system only``: the client marks its system prompt, the gateway adds nothing.
 
-"vs no markers" compares the cost of all sessions. Each at the model's own budget (no compaction on these sessions) and at ``max-input``
+Each at the model's own budget (no compaction on these sessions) and at ``max-input``
 8,000 (compaction events happen). The cache is billed two ways: each session on a cache of
 its own, and all sessions in turn on one shared cache (a fleet of agents with the same
 system prompt). Cost is at Claude Sonnet prices: input $3, cache writes $3.75, cache reads
-$0.30 per million tokens (output left out: the same for every method).
+$0.30 per million tokens (output left out: the same for every method); "vs no markers"
+compares the cost of all sessions.
 """
 
 from __future__ import annotations

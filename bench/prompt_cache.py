@@ -9,7 +9,8 @@ block of each message, in that order. Each position stands for the whole prefix 
 (a hash of the blocks' content; ``cache_control`` is not content) and has a token count
 (o200k over the block's JSON: a proxy for Claude's tokenizer, which is not public).
 
-A block carrying ``cache_control`` is a breakpoint (at most 4 per request, else
+A block carrying ``cache_control`` (on itself or on a block nested in it, at any depth)
+is a breakpoint (at most 4 per request, counting every marker, else
 ``TooManyBreakpoints``, as the API refuses it; a ``ttl: "1h"`` breakpoint after a 5-minute
 one is refused too). At each breakpoint the cache is looked up at its position and up to
 ``lookback`` positions before it (the API checks about 20 blocks back); the read is the
@@ -32,6 +33,7 @@ from typing import Any, Final
 
 import orjson
 
+from pipelines.cache_break import without_markers
 from pipelines.tokens import TokenCounter
 
 __all__ = ["PrefixCache", "TooManyBreakpoints", "cost"]
@@ -72,7 +74,7 @@ class PrefixCache:
         out: list[Position] = []
         digest = hashlib.blake2b(str(request.get("model", "")).encode(), digest_size=16).digest()
         for kind, block in _blocks(request):
-            plain = _without_markers(block)
+            plain = without_markers(block)
             data = orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
             digest = hashlib.blake2b(digest + kind.encode() + data, digest_size=16).digest()
             out.append(Position(digest, self.counter.count_text(data.decode()), _marker(block)))
@@ -83,15 +85,15 @@ class PrefixCache:
         cache as the API would."""
         positions = self.positions(request)
         breakpoints = [i for i, p in enumerate(positions) if p.marker is not None]
-        markers = sum(_marker_count(block) for _, block in _blocks(request))
-        if markers > MAX_BREAKPOINTS:
+        markers = [marker for _, block in _blocks(request) for marker in _markers(block)]
+        if len(markers) > MAX_BREAKPOINTS:
             raise TooManyBreakpoints(
                 f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided."
-                f" Found {markers}."
+                f" Found {len(markers)}."
             )
-        lifetimes = [self._lifetime(positions[i].marker) for i in breakpoints]
-        if any(a < b for a, b in pairwise(lifetimes)):
+        if any(a < b for a, b in pairwise(self._lifetime(m) for m in markers)):
             raise ValueError("a ttl='1h' cache_control must not come after a ttl='5m' one")
+        lifetimes = [self._lifetime(positions[i].marker) for i in breakpoints]
         prefix: list[int] = []
         total = 0
         for position in positions:
@@ -165,33 +167,23 @@ def _blocks(request: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]
 
 
 def _marker(block: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The block's ``cache_control``, or one set on a block nested in its ``content`` (a
-    tool result's text), which marks the same position."""
-    found = block.get("cache_control")
-    if found:
-        return found  # type: ignore[no-any-return]
-    nested = block.get("content")
-    if isinstance(nested, list):
-        for inner in nested:
-            if isinstance(inner, Mapping) and inner.get("cache_control"):
-                return inner["cache_control"]  # type: ignore[no-any-return]
-    return None
+    """The block's ``cache_control``, or one set on a block nested in it (a search
+    result's text, a document's content), which marks the same position."""
+    found = _markers(block)
+    return found[-1] if found else None
 
 
-def _marker_count(block: Mapping[str, Any]) -> int:
-    count = 1 if block.get("cache_control") else 0
-    nested = block.get("content")
-    if isinstance(nested, list):
-        count += sum(1 for b in nested if isinstance(b, Mapping) and b.get("cache_control"))
-    return count
-
-
-def _without_markers(block: Mapping[str, Any]) -> Any:
-    plain = {k: v for k, v in block.items() if k != "cache_control"}
-    nested = plain.get("content")
-    if isinstance(nested, list):
-        plain["content"] = [
-            {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, Mapping) else b
-            for b in nested
-        ]
-    return plain
+def _markers(value: Any) -> list[Mapping[str, Any]]:
+    """Every ``cache_control`` marker in ``value``, at any depth, in prompt order: a
+    block's own marker after those nested in it (it marks the end of its content)."""
+    found: list[Mapping[str, Any]] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key != "cache_control" and isinstance(item, Mapping | list):
+                found += _markers(item)
+        if value.get("cache_control"):
+            found.append(value["cache_control"])
+    elif isinstance(value, list):
+        for item in value:
+            found += _markers(item)
+    return found

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any, Final, Literal
 
 import orjson
@@ -33,8 +34,10 @@ __all__ = [
     "BREAK_CAUSES",
     "DROP_SHARE",
     "DROP_TOKENS",
+    "HOUR_TTL",
     "BreakCause",
     "Fingerprints",
+    "cache_ttl",
     "fingerprint",
     "observed_break",
     "predicted_break",
@@ -49,6 +52,9 @@ DROP_TOKENS: Final = 2_000
 """An observed break: cache reads fell by more than this share and by at least this many
 tokens (below either, the difference is noise: a shorter tail, a rounding of the
 provider's cache blocks)."""
+_SYSTEM_ROLES: Final = ("system", "developer")
+HOUR_TTL: Final = 3_600
+"""Seconds a ``ttl: "1h"`` cache entry lives."""
 
 
 def without_markers(value: Any) -> Any:
@@ -71,6 +77,27 @@ def without_markers(value: Any) -> Any:
     return value
 
 
+def cache_ttl(messages: Sequence[Message], ttl: int) -> int:
+    """Seconds the provider keeps the newest cache entry of a conversation whose family
+    keeps entries ``ttl`` seconds: an hour when the client marked its newest message with
+    ``ttl: "1h"`` (no breakpoint is placed after it, so every entry the request reads or
+    writes lives an hour), else ``ttl``."""
+    if messages and _hour_marked(messages[-1]):
+        return max(ttl, HOUR_TTL)
+    return ttl
+
+
+def _hour_marked(value: Any) -> bool:
+    if isinstance(value, dict):
+        marker = value.get("cache_control")
+        if isinstance(marker, dict) and marker.get("ttl") == "1h":
+            return True
+        return any(_hour_marked(item) for item in value.values() if isinstance(item, list | dict))
+    if isinstance(value, list):
+        return any(_hour_marked(item) for item in value)
+    return False
+
+
 def fingerprint(value: Any) -> str:
     """A short digest of ``value``'s content, markers excluded, stable across processes."""
     data = orjson.dumps(without_markers(value), option=orjson.OPT_SORT_KEYS)
@@ -84,16 +111,28 @@ class Fingerprints:
     model: str
     """Of the model name."""
     system: str
-    """Of the system and developer messages, in order."""
+    """Of the system and developer messages, in order: all of them where the API sends
+    them apart, before the history (Anthropic's ``system``), else the leading ones (a
+    later one is history, and one appended leaves the cached prefix as it was)."""
     tools: tuple[str, ...] | None
     """Of each tool schema, in order: a changed tool and a reordered list differ."""
     # Empty (or None) where a conversation's record was written before it kept them.
 
     @classmethod
     def of(
-        cls, model: str, messages: Sequence[Message], tools: Sequence[Any] | None
+        cls,
+        model: str,
+        messages: Sequence[Message],
+        tools: Sequence[Any] | None,
+        *,
+        hoisted: bool,
     ) -> Fingerprints:
-        system = [m for m in messages if m.get("role") in ("system", "developer")]
+        """The fingerprints of a request; ``hoisted``: its provider sends every system
+        message apart, before the history."""
+        if hoisted:
+            system = [m for m in messages if m.get("role") in _SYSTEM_ROLES]
+        else:
+            system = list(takewhile(lambda m: m.get("role") in _SYSTEM_ROLES, messages))
         return cls(
             fingerprint(model), fingerprint(system), tuple(fingerprint(t) for t in tools or ())
         )

@@ -24,7 +24,8 @@ _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 _MEDIA_PARTS = frozenset(
     {"input_audio", "audio", "video", "video_url", "file", "input_file", "document"}
 )
-"""Non-image media; ``document`` is an Anthropic PDF (base64 or a URL), not text to count."""
+"""Non-image media; ``document`` is an Anthropic PDF (base64 or a URL), not text to count
+(a plain-text document is read as the text it is)."""
 MEDIA_PART_TYPES = _IMAGE_PARTS | _MEDIA_PARTS
 """Every content-part type that carries media rather than text."""
 
@@ -32,8 +33,9 @@ MEDIA_PART_TYPES = _IMAGE_PARTS | _MEDIA_PARTS
 def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
     """Yield ``(kind, text)`` for every part of a message's content.
 
-    Text-bearing parts give their text; image and other media parts give an empty string;
-    a part of a type the pipeline does not know gives its JSON, so it is still counted.
+    Text-bearing parts (and a plain-text document) give their text; image and other media
+    parts give an empty string; a part of a type the pipeline does not know gives its
+    JSON, so it is still counted.
     """
     if isinstance(content, str):
         yield "text", content
@@ -50,13 +52,24 @@ def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
         if part_type in _IMAGE_PARTS:
             yield "image", ""
         elif part_type in _MEDIA_PARTS:
-            yield "media", ""
+            text = _document_text(part) if part_type == "document" else None
+            yield ("media", "") if text is None else ("text", text)
         else:
             text = part.get("text", part.get("thinking", part.get("refusal")))
             if isinstance(text, str):
                 yield "text", text
             else:
                 yield "other", orjson.dumps(part).decode()
+
+
+def _document_text(part: dict[str, Any]) -> str | None:
+    """The text of an Anthropic ``document`` whose source is plain text; ``None`` for a
+    PDF or a file."""
+    source = part.get("source")
+    if isinstance(source, dict) and source.get("type") == "text":
+        data = source.get("data")
+        return data if isinstance(data, str) else None
+    return None
 
 
 def message_text(message: Message) -> str:

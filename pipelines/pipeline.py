@@ -11,6 +11,7 @@ from time import perf_counter
 from typing import Any
 
 from pipelines.budget import Budget
+from pipelines.cache_break import cache_ttl
 from pipelines.catalog import ModelCatalog
 from pipelines.checkpoints import LocalSummaries, Summaries
 from pipelines.conversation import Conversation
@@ -137,9 +138,10 @@ class Pipeline:
         diverged = state is not None and not state.follows(received.messages)
         if diverged:
             state = None
-        cold, report.cache = cache_status(
-            state, ttl=info.cache_ttl, now=time.time() if now is None else now
-        )
+        ttl = info.cache_ttl
+        if info.family == "anthropic":
+            ttl = cache_ttl(received.messages, ttl)
+        cold, report.cache = cache_status(state, ttl=ttl, now=time.time() if now is None else now)
         if diverged:
             report.cache = "diverged"
         store = store if store is not None else self.store

@@ -65,14 +65,15 @@ class Report:
         return any(stage.details.get("moved") for stage in self.stages)
 
     def compaction(self) -> tuple[Any, ...]:
-        """What this request's compaction was: compress's level, cut and where its span
+        """What this request's compaction was: compress's level (when it changed the
+        request: a level that found nothing to do rewrote nothing), cut and where its span
         starts, the messages the summary stands for, and whether an emergency shortening
         acted. Between two requests of a conversation, a difference is a compaction event
         (``is_event_after``)."""
         compress, summary = self.stage("compress"), self.stage("summarize")
         details = compress.details if compress is not None else {}
         return (
-            details.get("level"),
+            details.get("level") if compress is not None and compress.changed else None,
             details.get("cut"),
             details.get("span_start"),
             summary.details.get("covers") if summary is not None else None,
@@ -81,10 +82,11 @@ class Report:
 
     def is_event_after(self, previous: Report) -> bool:
         """Whether this request's compaction differs in kind from ``previous``'s (of the
-        same conversation): a stage moved a cut, compress changed level, cut or where its
-        span starts (the anchor is released when the pinned messages outgrow half the
-        budget), an emergency shortening acted on either, or the summary stands for other
-        messages. Between events, a growing history keeps its outgoing prefix."""
+        same conversation): a stage moved a cut, compress rewrote at another level, or
+        changed its cut or where its span starts (the anchor is released when the pinned
+        messages outgrow half the budget), an emergency shortening acted on either, or the
+        summary stands for other messages. Between events, a growing history keeps its
+        outgoing prefix."""
         now, before = self.compaction(), previous.compaction()
         return self.moved or now != before or bool(now[-1] or before[-1])
 

@@ -16,11 +16,13 @@ The mapping:
   ``/v1/messages`` codec carries them) is an Anthropic block already and goes as it is;
   the other OpenAI part types (audio, files, refusals) cannot be expressed and are left out.
 - assistant: ``thinking_blocks`` (``thinking`` with its signature, ``redacted_thinking``
-  with its data) first, as they came, then the content's blocks, then each tool call as a
+  with its data) first, as they came (less the ``index`` of a streamed entry), then the
+  content's blocks, then each tool call as a
   ``tool_use`` block whose ``input`` is the parsed arguments (a call's ``cache_control``,
   ``caller`` and ``toolset_name`` kept on it).
 - tool messages -> ``tool_result`` blocks (``content`` whole, none when the message has
-  none; ``is_error`` and ``toolset_name`` kept); consecutive ones, and the user message
+  none; ``is_error`` and ``toolset_name`` kept; a marker inside the content, where the API
+  takes none, marks the ``tool_result``); consecutive ones, and the user message
   right after them, form one user turn (the API wants every result of an assistant turn's
   calls in the next user turn).
 - a message-level ``cache_control`` (LiteLLM's convention, and the ``cache_markers``
@@ -53,6 +55,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import InvalidRequest
+from pipelines.cache_break import without_markers
 
 __all__ = [
     "Accumulator",
@@ -96,7 +99,7 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
                 "tool_use_id": message.get("tool_call_id"),
             }
             if message.get("content") is not None:
-                block["content"] = _result_content(message["content"])
+                block.update(_result_content(message["content"]))
             block.update({key: message[key] for key in TOOL_RESULT_KEYS if key in message})
             _append(turns, "user", _marked([block], message))
         elif role == "assistant":
@@ -206,15 +209,36 @@ def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _result_content(content: Any) -> Any:
+def _result_content(content: Any) -> dict[str, Any]:
+    """A ``tool_result``'s ``content``, and its ``cache_control``: the API takes none
+    inside the content (``invalid_cache``), so the last marker there marks the result."""
     if isinstance(content, str):
-        return content
-    return _blocks(content)
+        return {"content": content}
+    blocks = _blocks(content)
+    marker = _last_marker(blocks)
+    if marker is None:
+        return {"content": blocks}
+    return {"content": without_markers(blocks), "cache_control": marker}
+
+
+def _last_marker(value: Any) -> Any:
+    """The last ``cache_control`` in ``value`` in prompt order (a block's own after those
+    of the blocks nested in it), or ``None``."""
+    found = None
+    if isinstance(value, list):
+        for item in value:
+            found = _last_marker(item) or found
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if key != "cache_control":
+                found = _last_marker(item) or found
+        found = value.get("cache_control") or found
+    return found
 
 
 def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = [
-        dict(b) for b in message.get("thinking_blocks") or () if isinstance(b, Mapping)
+    blocks = [
+        _thinking_block(b) for b in message.get("thinking_blocks") or () if isinstance(b, Mapping)
     ]
     blocks.extend(_blocks(message.get("content")))
     for call in message.get("tool_calls") or ():
@@ -238,6 +262,12 @@ def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
         block.update({key: call[key] for key in TOOL_USE_KEYS if key in call})
         blocks.append(block)
     return blocks
+
+
+def _thinking_block(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``thinking_blocks`` entry as the Messages API takes it back: without the
+    ``index`` that streamed entries carry (``ChunkTranslator``)."""
+    return {key: value for key, value in block.items() if key != "index"}
 
 
 def anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -414,14 +444,17 @@ class ChunkTranslator:
 
     ``add(event)`` returns the chunks an event makes (often none); text, reasoning and
     tool-call argument deltas pass through at once, tool calls numbered in the order they
-    start. ``message_delta`` gives the chunk with the finish reason and, when
-    ``include_usage``, a last chunk with the usage and no choices. An ``error`` event gives
+    start; each thinking block, once complete, comes as a ``thinking_blocks`` entry
+    numbered (``index``) as tool calls are, so that the OpenAI SDK can add them up.
+    ``message_delta`` gives the chunk with the finish reason and, when ``include_usage``,
+    a last chunk with the usage and no choices. An ``error`` event gives
     ``{"error": ...}``, which the caller sends as the terminal event."""
 
     __slots__ = (
         "_arguments",
         "_calls",
         "_thinking",
+        "_thoughts",
         "created",
         "id",
         "include_usage",
@@ -436,6 +469,8 @@ class ChunkTranslator:
         self._calls: dict[int, int] = {}
         """Block index -> tool call index."""
         self._thinking: dict[int, dict[str, Any]] = {}
+        self._thoughts = 0
+        """Thinking blocks sent so far: the ``index`` of the next one."""
         self._arguments: set[int] = set()
         """Tool-call blocks that streamed some arguments."""
 
@@ -457,7 +492,13 @@ class ChunkTranslator:
                 call = {"index": self._calls[index], "function": {"arguments": "{}"}}
                 return [self._chunk({"tool_calls": [call]})]
             block = self._thinking.pop(index, None)
-            return [self._chunk({"thinking_blocks": [block]})] if block is not None else []
+            if block is None:
+                return []
+            # Numbered as tool calls are, for the OpenAI SDK's accumulator, which cannot
+            # add up list entries without an index.
+            entry = {"index": self._thoughts, **block}
+            self._thoughts += 1
+            return [self._chunk({"thinking_blocks": [entry]})]
         if kind == "message_delta":
             self.usage.update(
                 {k: v for k, v in (event.get("usage") or {}).items() if v is not None}

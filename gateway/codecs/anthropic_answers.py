@@ -104,8 +104,10 @@ def _reasoning(message: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _whole(block: Mapping[str, Any]) -> dict[str, Any]:
     """A thinking block as it came, with the (empty) signature the type requires if it
-    came without one."""
-    return {"signature": "", **block} if block.get("type") == "thinking" else dict(block)
+    came without one, and without the ``index`` a streamed entry carries (the gateway's
+    Anthropic provider numbers them for the OpenAI SDK)."""
+    whole = {key: value for key, value in block.items() if key != "index"}
+    return {"signature": "", **whole} if block.get("type") == "thinking" else whole
 
 
 def _first_text(fields: Mapping[str, Any], names: tuple[str, ...]) -> str:

@@ -87,6 +87,8 @@ class InboundRequest:
 
 
 _BY_NAME: Final = ("max_tokens", "temperature", "top_p", "stream")
+_EMPTY_ONLY: Final = ("system", "tools")
+"""Fields ``native`` carries only when the client sent them empty."""
 _THINKING: Final = frozenset({"thinking", "redacted_thinking"})
 _ANTHROPIC_KEYS: Final = frozenset(
     {"cache_control", "citations", "thinking_blocks", *TOOL_USE_KEYS, *TOOL_RESULT_KEYS}
@@ -126,7 +128,9 @@ def to_request(
     """The Messages request for an Anthropic upstream: ``chat`` as the pipeline left it,
     with the fields in ``native`` as the client sent them."""
     request = to_messages(chat, default_max_tokens=default_max_tokens)
-    request.update(native)
+    # ``native`` holds ``system`` and ``tools`` only as the client sent them empty: what
+    # the gateway added since (the restore tool) stays.
+    request.update({k: v for k, v in native.items() if k not in _EMPTY_ONLY or k not in request})
     return request
 
 

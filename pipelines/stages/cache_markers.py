@@ -25,9 +25,12 @@ boundary or the previous request's rolling message, so between compaction events
 breakpoint lands on a message that did not carry one before.
 
 Where the markers go (a contract with the codecs): for Anthropic, a message-level
-``cache_control`` key on the message (meaning its last Messages API block) and a
+``cache_control`` key on the message (meaning its last Messages API block that can carry
+one: not a thinking block, nor an empty text, which the codec leaves out) and a
 tool-level one on the last tool; for Qwen, on the message's last content part (a string
-content becomes one text part), as DashScope takes them over the OpenAI wire.
+content becomes one text part; a thinking or empty text part takes none), as DashScope
+takes them over the OpenAI wire. The client's markers count wherever they are, nested
+blocks included (a search result's text, a document's content).
 
 **OpenAI** caches automatically (prompts of 1,024 tokens and more); the stage sets a
 ``prompt_cache_key`` per conversation (a hash of the namespace and the conversation's
@@ -60,6 +63,7 @@ MAX_BREAKPOINTS: Final = 4
 LOOKBACK: Final = 20
 """Blocks before a breakpoint where the providers still look for a cached prefix."""
 _SYSTEM_ROLES: Final = ("system", "developer")
+_THINKING: Final = ("thinking", "redacted_thinking")
 
 
 def cache_key(namespace: str, conversation: str) -> str:
@@ -275,9 +279,11 @@ class _Prompt:
     def markable(self, index: int) -> bool:
         message = self.messages[index]
         if self.anthropic:
-            return _blocks(message) > 0
+            return _markable_blocks(message) > 0
         content = message.get("content")
-        return bool(content) and isinstance(content, str | list)
+        if isinstance(content, list):
+            return bool(content) and _takes_marker(content[-1])
+        return isinstance(content, str) and bool(content)
 
     def rolling(self) -> int | None:
         """The newest message that can carry a marker."""
@@ -332,19 +338,53 @@ def _blocks(message: Message) -> int:
     return count
 
 
+def _markable_blocks(message: Message) -> int:
+    """The blocks of ``_blocks`` that can carry a marker: not thinking blocks, nor empty
+    text (which the codec leaves out)."""
+    if message.get("role") == "tool":
+        return 1
+    content = message.get("content")
+    if isinstance(content, list):
+        count = sum(1 for part in content if _takes_marker(part))
+    else:
+        count = 1 if isinstance(content, str) and content else 0
+    if message.get("role") == "assistant":
+        count += len(message.get("tool_calls") or ())
+    return count
+
+
+def _takes_marker(part: Any) -> bool:
+    """Whether a content part can carry a marker (a thinking block or an empty text
+    cannot)."""
+    if not isinstance(part, dict):
+        return True
+    return part.get("type") not in _THINKING and part.get("text") != ""
+
+
 def _markers(message: Message) -> list[Any]:
-    """The client's ``cache_control`` markers on a message: its own, its content parts',
-    its tool calls'."""
+    """The client's ``cache_control`` markers on a message: its own, its content parts'
+    (and those of the blocks nested in a part, such as a search result's text), its tool
+    calls'."""
     found = [message["cache_control"]] if message.get("cache_control") else []
     for key in ("content", "tool_calls"):
         items = message.get(key)
         if isinstance(items, list):
-            found += [
-                item["cache_control"]
-                for item in items
-                if isinstance(item, dict) and item.get("cache_control")
-            ]
+            _part_markers(items, found)
     return found
+
+
+def _part_markers(parts: list[Any], found: list[Any]) -> None:
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        if part.get("cache_control"):
+            found.append(part["cache_control"])
+        for key in ("content", "source"):  # where the Messages API nests blocks
+            nested = part.get(key)
+            if isinstance(nested, list):
+                _part_markers(nested, found)
+            elif isinstance(nested, dict):
+                _part_markers([nested], found)
 
 
 def _is_hour(marker: Any) -> bool:
@@ -388,7 +428,8 @@ def _predict(conversation: Conversation, ctx: StageContext) -> None:
     """Name the cache break this request causes, if any, and keep its fingerprints (and
     where its rolling breakpoint was) for the next request of the conversation."""
     messages = conversation.messages
-    now = Fingerprints.of(ctx.model_name, messages, conversation.tools)
+    hoisted = ctx.model.family == "anthropic"
+    now = Fingerprints.of(ctx.model_name, messages, conversation.tools, hoisted=hoisted)
     report, state = ctx.report, ctx.state
     compaction = fingerprint(report.compaction()) if report is not None else ""
     if state is not None:

@@ -3,9 +3,10 @@
 - ``anthropic``: ``reasoning_content`` (an OpenAI-compatible field Claude does not take) is
   dropped; ``thinking`` and ``redacted_thinking`` blocks are kept, signatures and all, on
   the assistant messages of the current turn (after the last user message, where the API
-  needs them during tool use) and dropped from older turns. The blocks come either as
-  content parts or, as the gateway's Anthropic codec carries them, in an assistant
-  message's ``thinking_blocks`` list; both are treated alike.
+  needs them during tool use; a user message right after tool results is part of their
+  user turn on the wire, not a new one) and dropped from older turns. The blocks come
+  either as content parts or, as the gateway's Anthropic codec carries them, in an
+  assistant message's ``thinking_blocks`` list; both are treated alike.
 - ``reasoning_echo`` (DeepSeek, Kimi, MiMo): ``reasoning_content`` is dropped from assistant
   messages before the last user message, except on those with ``tool_calls``, which the
   APIs reject without it; an assistant tool-call message lacking it gets a short non-empty
@@ -19,6 +20,7 @@ arrives.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,7 +43,7 @@ class Thinking:
         messages = conversation.messages
         if not any(_may_change(message, style) for message in messages):
             return conversation
-        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+        last_user = _last_user_turn(messages, joined=style == "anthropic")
         rewritten: list[Message] = []
         reasoning_dropped = blocks_dropped = backfilled = 0
         for index, message in enumerate(messages):
@@ -77,6 +79,23 @@ class Thinking:
             reasoning_backfilled=backfilled,
         )
         return conversation.with_messages(rewritten)
+
+
+def _last_user_turn(messages: Sequence[Message], *, joined: bool) -> int:
+    """The index of the last user message; with ``joined`` (Anthropic's wire, where user
+    messages right after tool results join the results' user turn), of the last one that
+    starts a user turn of its own: the assistant messages after it are the current turn."""
+    last, after_results = -1, False
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            after_results = True
+        elif role == "user":
+            if not (joined and after_results):
+                last = index
+        elif role == "assistant":
+            after_results = False
+    return last
 
 
 def _may_change(message: Message, style: str) -> bool:

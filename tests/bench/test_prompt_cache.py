@@ -158,3 +158,32 @@ def test_cost_uses_sonnet_prices_per_million_tokens() -> None:
     }
     assert cost(usage) == pytest.approx(3.0 + 7.5 + 3.0)
     assert cost(usage, input=1.0, write=0.0, read=0.0) == pytest.approx(1.0)
+
+
+def test_markers_nested_deeper_count_and_are_not_content() -> None:
+    """A marker on the text of a document's content source (two levels into the block) is
+    a breakpoint the API counts (a fifth one is refused), and, not being content, moving
+    it away still finds the prompt again."""
+    body = request(4, mark_last=True, marked=(1, 3))
+    body["system"][0]["cache_control"] = dict(MARK)
+    inner = text("Refunds within 24 h. " * 100, marked=True)
+    document = {"type": "document", "source": {"type": "content", "content": [inner]}}
+    body["messages"][0]["content"].append(document)
+    with pytest.raises(TooManyBreakpoints, match="Found 5"):
+        PrefixCache(COUNTER).usage(body, now=0.0)
+    body["system"][0].pop("cache_control")
+    cache = PrefixCache(COUNTER)
+    cache.usage(body, now=0.0)
+    inner.pop("cache_control")
+    assert cache.usage(body, now=1.0)["cache_read_input_tokens"] == total(body)
+
+
+def test_a_one_hour_marker_nested_in_a_marked_block_comes_first() -> None:
+    """A block's own marker sits at its end, after the blocks nested in it: a 1-hour
+    marker on a document's content and a 5-minute one on the document are in order."""
+    body = request(3, mark_last=True)
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    inner = {**text("Refunds within 24 h. " * 100), "cache_control": hour}
+    document = {"type": "document", "source": {"type": "content", "content": [inner]}}
+    body["messages"][0]["content"].append({**document, "cache_control": MARK})
+    assert billed(PrefixCache(COUNTER).usage(body, now=0.0)) == total(body)

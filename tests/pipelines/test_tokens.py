@@ -162,6 +162,17 @@ def test_a_pdf_document_costs_a_flat_media_part_not_its_base64() -> None:
     )
 
 
+def test_a_plain_text_document_costs_its_text() -> None:
+    """An Anthropic ``document`` whose source is plain text (a citations source) costs
+    what its text costs, not a flat media part, however long it is."""
+    counter = TokenCounter()
+    policy = "Fares are final unless the flight is cancelled by the airline. " * 2_000
+    source = {"type": "text", "media_type": "text/plain", "data": policy}
+    document = {"role": "user", "content": [{"type": "document", "source": source}]}
+    text = {"role": "user", "content": [{"type": "text", "text": policy}]}
+    assert counter.count_message(document) == counter.count_message(text) > 20_000
+
+
 def test_thinking_blocks_beside_the_content_count_as_thinking_parts() -> None:
     """An assistant message whose thinking comes in a ``thinking_blocks`` list (the
     gateway's Anthropic codec) costs what it costs with the blocks as content parts."""

@@ -383,11 +383,55 @@ def test_streamed_thinking_comes_as_reasoning_and_one_lossless_block() -> None:
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Paris in May."
     assert "".join(d.get("content", "") for d in deltas) == "Mild."
     (blocks,) = [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d]
-    assert blocks == [accumulator.message["content"][0]]
+    assert blocks == [{"index": 0, **accumulator.message["content"][0]}]
     assert blocks[0]["signature"] == "c2ln"
     assert translator.add({"type": "error", "error": {"type": "overloaded_error"}}) == [
         {"error": {"type": "overloaded_error"}}
     ]
+
+
+def test_several_streamed_thinking_blocks_add_up_in_the_openai_sdk_and_go_back() -> None:
+    """A streamed answer with a thinking and a redacted thinking block, read by the OpenAI
+    SDK's own accumulator, ends with both blocks in order; the accumulated message sent
+    back gives Anthropic exactly the blocks it wrote (no key the chunks needed)."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    thought = {"type": "thinking", "thinking": "Paris in May.", "signature": "c2ln"}
+    redacted = {"type": "redacted_thinking", "data": "EmwK"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}
+    reasoning = {"type": "thinking_delta", "thinking": thought["thinking"]}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "msg_t", "model": "claude", "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {**thought, "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": reasoning},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": redacted},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": call},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}},
+    ]
+    translator = ChunkTranslator()
+    state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+    for event in events:
+        for chunk in translator.add(event):
+            state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    message = state.current_completion_snapshot.choices[0].message.model_dump(
+        mode="json", exclude_none=True
+    )
+    assert [b["type"] for b in message["thinking_blocks"]] == ["thinking", "redacted_thinking"]
+    sent = to_messages(
+        {
+            "model": "claude-sonnet-4",
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                message,
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "Mild."},
+            ],
+        }
+    )
+    assert sent["messages"][1]["content"] == [thought, redacted, call]
 
 
 def test_empty_turns_are_left_out_of_the_request() -> None:
@@ -515,6 +559,41 @@ def test_a_message_level_marker_lands_on_the_last_block_of_its_message() -> None
     assert _markers(to_messages({"model": "claude-sonnet-4", "messages": [odd]})) == [
         ("0:assistant", [])
     ]
+
+
+def test_markers_inside_a_tool_results_content_go_on_the_tool_result() -> None:
+    """The API takes no breakpoint inside a tool result's content (``invalid_cache``): a
+    marker a client set on a part of a tool message (LiteLLM's habit) marks the
+    ``tool_result`` itself, the last one in prompt order when there are several, and a
+    message-level marker still wins."""
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    parts = [
+        {"type": "text", "text": "18 C", "cache_control": hour},
+        {**image, "cache_control": EPHEMERAL},
+    ]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": parts},
+    ]
+    request = to_messages({"model": "claude-sonnet-4", "messages": messages})
+    assert request["messages"][2]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "c1",
+            "content": [
+                {"type": "text", "text": "18 C"},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+            ],
+            "cache_control": EPHEMERAL,
+        }
+    ]
+    messages[2] = {**messages[2], "cache_control": hour}
+    request = to_messages({"model": "claude-sonnet-4", "messages": messages})
+    assert request["messages"][2]["content"][0]["cache_control"] == hour
+    assert orjson.dumps(request).count(b"cache_control") == 1
 
 
 def test_anthropic_blocks_keys_and_tools_in_a_chat_request_pass_through() -> None:

@@ -23,6 +23,7 @@ from gateway.codecs.anthropic_inbound import (
     parse_request,
     to_request,
 )
+from pipelines.cache_break import without_markers
 from tests.gateway.codecs.anthropic_params import assert_valid_params
 from tests.openai_schema import assert_valid_request
 
@@ -40,7 +41,9 @@ def round_trip(request: dict[str, Any]) -> dict[str, Any]:
 def canonical(request: dict[str, Any]) -> dict[str, Any]:
     """``request`` in the canonical form the codec gives back: string content and system
     as one text block, consecutive turns of a role joined, an assistant turn's tool_use
-    blocks last, a tool's default ``"type": "custom"`` left out."""
+    blocks last, a tool's default ``"type": "custom"`` left out; and, as the API takes no
+    marker inside a tool result's content, the last one there marks the tool result
+    (unless it has its own)."""
     out = dict(request)
     if isinstance(out.get("system"), str) and out["system"]:
         out["system"] = [{"type": "text", "text": out["system"]}]
@@ -52,6 +55,7 @@ def canonical(request: dict[str, Any]) -> dict[str, Any]:
             blocks = [b for b in blocks if b["type"] != "tool_use"] + [
                 b for b in blocks if b["type"] == "tool_use"
             ]
+        blocks = [_hoisted(b) if b["type"] == "tool_result" else b for b in blocks]
         if turns and turns[-1]["role"] == turn["role"]:
             turns[-1]["content"] = turns[-1]["content"] + blocks
         else:
@@ -62,6 +66,24 @@ def canonical(request: dict[str, Any]) -> dict[str, Any]:
             {k: v for k, v in tool.items() if (k, v) != ("type", "custom")} for tool in out["tools"]
         ]
     return out
+
+
+def _hoisted(result: dict[str, Any]) -> dict[str, Any]:
+    content = result.get("content")
+    nested = [m for b in content for m in _markers(b)] if isinstance(content, list) else []
+    if not nested:
+        return result
+    return {"cache_control": nested[-1], **result, "content": without_markers(content)}
+
+
+def _markers(block: Any) -> list[Any]:
+    """The markers in ``block`` in prompt order: its own after its nested blocks'."""
+    if isinstance(block, list):
+        return [m for item in block for m in _markers(item)]
+    if not isinstance(block, dict):
+        return []
+    found = [m for key, item in block.items() if key != "cache_control" for m in _markers(item)]
+    return found + ([block["cache_control"]] if block.get("cache_control") else [])
 
 
 PNG = "iVBORw0KGgo="
@@ -78,6 +100,8 @@ DOCUMENT = {
     "citations": {"enabled": True},
     "cache_control": EPHEMERAL,
 }
+UNMARKED_DOCUMENT = {k: v for k, v in DOCUMENT.items() if k != "cache_control"}
+"""As a tool result's content carries it: the API takes no marker there."""
 REQUEST: dict[str, Any] = {
     "model": "claude-sonnet-4-5",
     "max_tokens": 2048,
@@ -188,7 +212,7 @@ REQUEST: dict[str, Any] = {
                                 "data": "/9j/",
                             },
                         },
-                        DOCUMENT,
+                        UNMARKED_DOCUMENT,
                     ],
                     "is_error": True,
                 },
@@ -750,3 +774,20 @@ def test_any_request_becomes_one_the_openai_spec_accepts(request: dict[str, Any]
     sent = openai_request(from_request(request).chat)
     assert anthropic_leftovers(sent) == []
     assert_valid_request(sent)
+
+
+def test_tools_the_gateway_adds_survive_an_empty_tools_field() -> None:
+    """A client that sends ``tools: []`` (or an empty system) still gets the tools the
+    gateway adds after the pipeline (the restore tool), while a request left as it came
+    goes back with its empty fields."""
+    from gateway.restore import RESTORE_TOOL_NAME, with_restore_tool
+
+    request = {**REQUEST, "system": [], "tools": [], "messages": REQUEST["messages"][:1]}
+    split = from_request(request)
+    assert round_trip(request) == request
+    tooled = with_restore_tool(split.chat)
+    assert tooled is not None
+    sent = to_request(tooled, split.native, default_max_tokens=1)
+    assert [tool["name"] for tool in sent["tools"]] == [RESTORE_TOOL_NAME]
+    assert sent["system"] == []
+    assert_valid_params(sent)

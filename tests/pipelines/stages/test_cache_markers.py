@@ -4,6 +4,7 @@ prompt_cache_key, and the prediction of cache breaks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -517,3 +518,115 @@ async def test_a_long_parallel_tool_round_still_reads_the_previous_turn() -> Non
         )
     )
     assert reads == [whole, system]
+
+
+async def test_client_markers_nested_in_parts_count_towards_the_four() -> None:
+    """Markers a client sets inside a part (a search result's text, a document's content
+    blocks, as the Messages API takes them) are breakpoints too: three of them leave room
+    for the rolling marker only, and the converted request carries no more than four."""
+    from gateway.codecs.anthropic import to_messages
+
+    def nested(name: str) -> dict[str, Any]:
+        text = {"type": "text", "text": "Refunds within 24 h. " * 200, "cache_control": MARK}
+        return {"type": "search_result", "source": name, "title": name, "content": [text]}
+
+    document = {
+        "type": "document",
+        "source": {"type": "content", "content": [{**nested("c")["content"][0]}]},
+    }
+    messages = history()
+    messages[1] = {"role": "user", "content": [nested("a"), nested("b"), document]}
+    result = await run(messages)
+    assert details(result)["client_markers"] == 3
+    assert [m["why"] for m in details(result)["markers"]] == ["rolling"]
+    assert orjson.dumps(to_messages(result.request)).count(b'"cache_control"') == 4
+
+
+async def test_a_message_with_no_block_that_takes_a_marker_is_not_marked() -> None:
+    """Thinking blocks and empty text take no breakpoint (the codec skips them): a newest
+    answer of thinking alone, or a message of an empty text part, leaves the rolling
+    marker to the message before it, and every marker placed reaches the request."""
+    from gateway.codecs.anthropic import to_messages
+
+    thinking = {"type": "thinking", "thinking": "Hm.", "signature": "c2ln"}
+    for newest in (
+        {"role": "assistant", "content": None, "thinking_blocks": [thinking]},
+        {"role": "assistant", "content": [thinking]},
+        {"role": "user", "content": [{"type": "text", "text": ""}]},
+    ):
+        messages = [*history(), newest]
+        result = await run(messages)
+        placed = details(result)["markers"]
+        assert {"at": len(messages) - 2, "why": "rolling"} in placed
+        sent = orjson.dumps(to_messages(result.request))
+        assert sent.count(b'"cache_control"') == len(placed)
+
+
+async def test_qwen_markers_never_land_on_an_empty_text_part() -> None:
+    """Qwen: a newest message whose last part is an empty text is not marked; the
+    rolling marker goes on the message before it."""
+    messages = [*history(), {"role": "user", "content": [{"type": "text", "text": ""}]}]
+    result = await run(messages, model=QWEN)
+    assert {"at": len(messages) - 2, "why": "rolling"} in details(result)["markers"]
+    assert result.request["messages"][-1] == messages[-1]
+
+
+async def test_crossing_the_light_level_without_rewriting_anything_is_no_break() -> None:
+    """A growing conversation that reaches compress's light level (deduplication) with no
+    duplicate to replace goes out with the previous request's prefix: no break is named,
+    as no compaction event is seen."""
+    from gateway.store import MemoryStore
+
+    pipeline, policy = Pipeline(store=MemoryStore()), Policy(max_input=4_000)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " * 60}]
+    state, reports = None, []
+    for n in range(18):
+        messages.append({"role": "user", "content": f"Weather in city {n}? " * 8})
+        result = await pipeline.compact(
+            {"model": CLAUDE, "messages": messages}, policy=policy, state=state, now=1_000.0 + n
+        )
+        reports.append(result.report)
+        state = result.state.answered(at=1_000.0 + n)
+        messages.append({"role": "assistant", "content": f"Sunny in city {n}. " * 8})
+    levels = [r.stage("compress").details.get("level") for r in reports]
+    assert levels[0] is None
+    assert levels[-1] == "light"
+    assert all(not r.stage("compress").changed for r in reports)
+    assert [r.cache_break for r in reports] == [None] * len(reports)
+    assert not any(now.is_event_after(before) for before, now in pairwise(reports))
+
+
+async def test_a_developer_message_appended_breaks_only_where_system_is_hoisted() -> None:
+    """A developer message added later in the conversation stays in place for gpt-4o
+    (the cached prefix is intact: no break), while Claude's API moves it into the system
+    prompt, before the cached history (a ``system`` break); a changed leading system
+    prompt is a break for both."""
+    for model, expected in (("gpt-4o", None), (CLAUDE, "system")):
+        first = {"model": model, "messages": history()}
+        reminder = grow(first)
+        reminder["messages"].insert(-1, {"role": "developer", "content": "Be brief."})
+        edited = grow(reminder)
+        edited["messages"][0] = {"role": "system", "content": POLICY + " Be brief."}
+        assert await breaks_of([first, reminder, edited]) == [None, expected, "system"]
+
+
+async def test_a_client_marking_its_newest_message_for_an_hour_keeps_the_cache_an_hour() -> None:
+    """Claude, a client whose newest message carries a 1-hour breakpoint (the stage adds
+    none after it): ten minutes later the cache is still hot and no break is named; after
+    an hour it is the TTL. With a 5-minute one, ten minutes are past the TTL."""
+
+    def asked(text: str, marker: dict[str, str] | None) -> dict[str, Any]:
+        part: dict[str, Any] = {"type": "text", "text": text}
+        return {"role": "user", "content": [{**part, "cache_control": marker} if marker else part]}
+
+    for marker, gaps, expected in (
+        (HOUR, [5.0, 600.0, 3_700.0], [None, None, "ttl"]),
+        (MARK, [5.0, 600.0, 200.0], [None, "ttl", None]),
+    ):
+        messages = [*history()[:-1], asked("And the next one?", marker)]
+        requests = [{"model": CLAUDE, "messages": messages}]
+        for n in range(2):
+            messages = [*messages[:-1], asked(messages[-1]["content"][0]["text"], None)]
+            messages += [{"role": "assistant", "content": "Done."}, asked(f"More {n}?", marker)]
+            requests.append({"model": CLAUDE, "messages": messages})
+        assert await breaks_of(requests, gaps) == expected

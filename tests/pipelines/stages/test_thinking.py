@@ -140,3 +140,22 @@ async def test_other_families_drop_codec_thinking_blocks_everywhere() -> None:
         out = (await run_stage(Thinking(), codec_conversation(), model=model)).request
         assert all("thinking_blocks" not in m for m in out["messages"])
         assert out["messages"][1]["content"] == "Old answer"
+
+
+async def test_anthropic_a_user_message_after_tool_results_continues_the_turn() -> None:
+    """Claude: text sent with tool results (a client's reminder beside them) joins their
+    user turn on the wire, so the assistant message that made the calls is still the
+    current turn's and keeps its thinking blocks (the API refuses a final tool-use answer
+    without them); a user message of its own starts a new turn."""
+    messages = [
+        {"role": "user", "content": "Fix the bug"},
+        {"role": "assistant", "content": None, "tool_calls": CALL, "thinking_blocks": [THINK]},
+        {"role": "tool", "tool_call_id": "c1", "content": "print(1)"},
+        {"role": "user", "content": "<system-reminder>No todos.</system-reminder>"},
+    ]
+    result = await run_stage(Thinking(), messages, model="claude-sonnet-4-5")
+    assert result.request["messages"] == messages
+    answered = [*messages, {"role": "assistant", "content": "Fixed."}]
+    later = [*answered, {"role": "user", "content": "Thanks"}]
+    out = (await run_stage(Thinking(), later, model="claude-sonnet-4-5")).request["messages"]
+    assert "thinking_blocks" not in out[1]
