@@ -355,7 +355,9 @@ async def stream(
     stream_id: Any = None
     template: dict[str, Any] = {"object": "chat.completion.chunk"}
     round_events: AsyncIterator[bytes] = chain(first, events)
+    thinking_before = thinking_seen = 0
     while True:
+        thinking_before = thinking_seen
         calls = _Calls()
         text: list[str] = []
         finish: dict[str, Any] | None = None
@@ -399,6 +401,11 @@ async def stream(
                     delta.pop("role", None)
                 if isinstance(delta.get("content"), str):
                     text.append(delta["content"])
+                for block in delta.get("thinking_blocks") or ():
+                    # Numbered per round upstream; the client's one answer numbers on.
+                    if isinstance(block, dict) and isinstance(block.get("index"), int):
+                        block["index"] += thinking_before
+                        thinking_seen = max(thinking_seen, block["index"] + 1)
                 deltas = delta.pop("tool_calls", None)
                 if isinstance(deltas, list):
                     passed = calls.take(deltas)

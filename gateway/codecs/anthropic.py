@@ -82,6 +82,9 @@ TOOL_RESULT_KEYS: Final = ("is_error", "toolset_name")
 """Keys of a ``tool_result`` block that its tool message carries as they are (its
 ``cache_control`` is the message-level marker)."""
 _DATA_URL: Final = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.S)
+THINKING_BUDGETS: Final = {"minimal": 1_024, "low": 1_024, "medium": 2_048, "high": 4_096}
+"""OpenAI's ``reasoning_effort`` as Claude's thinking budget (LiteLLM's mapping, so that
+clients moving from it get what they had)."""
 
 
 def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
@@ -133,7 +136,24 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     user = body.get("user") or (body.get("metadata") or {}).get("user_id")
     if isinstance(user, str) and user:
         request["metadata"] = {"user_id": user}
+    thinking = _thinking(body)
+    if thinking is not None:
+        request["thinking"] = thinking
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and request["max_tokens"] <= budget:
+            # The API wants room for the answer beyond the thinking budget.
+            request["max_tokens"] += budget
     return request
+
+
+def _thinking(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Claude's ``thinking`` for an OpenAI request: its own ``thinking`` field when it sends
+    one (as LiteLLM's clients do), else its ``reasoning_effort``."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, Mapping):
+        return dict(thinking)
+    budget = THINKING_BUDGETS.get(str(body.get("reasoning_effort")))
+    return {"type": "enabled", "budget_tokens": budget} if budget is not None else None
 
 
 def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:

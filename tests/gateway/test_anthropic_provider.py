@@ -281,3 +281,91 @@ def test_an_anthropic_success_that_is_not_a_message_is_a_502(
     assert isinstance(error, dict)
     assert error["code"] == "upstream_invalid_answer"
     assert body.decode() in error["message"]
+
+
+def test_reasoning_effort_turns_thinking_on_with_room_for_the_answer(
+    client: openai.OpenAI, upstream: MockUpstream
+) -> None:
+    """An OpenAI client's reasoning_effort becomes Claude's thinking budget (LiteLLM's
+    figures), max_tokens grows past the budget when it would not leave room for the
+    answer, and a `thinking` field of the client's own is sent as it is."""
+    upstream.push(JSONReply(ANSWER), JSONReply(ANSWER), JSONReply(ANSWER))
+    client.chat.completions.create(
+        model="claude-sonnet-4", messages=MESSAGES, reasoning_effort="medium", max_tokens=8_000
+    )
+    client.chat.completions.create(
+        model="claude-sonnet-4", messages=MESSAGES, reasoning_effort="high", max_tokens=500
+    )
+    own = {"type": "enabled", "budget_tokens": 3_000}
+    client.chat.completions.create(
+        model="claude-sonnet-4", messages=MESSAGES, extra_body={"thinking": own}
+    )
+    sent = [r.json() for r in upstream.received]
+    assert sent[0]["thinking"] == {"type": "enabled", "budget_tokens": 2_048}
+    assert sent[0]["max_tokens"] == 8_000
+    assert sent[1]["thinking"] == {"type": "enabled", "budget_tokens": 4_096}
+    assert sent[1]["max_tokens"] == 4_596
+    assert sent[2]["thinking"] == own
+    assert "reasoning_effort" not in sent[0]
+
+
+def test_thinking_over_two_restore_rounds_reaches_the_openai_client_whole(
+    client: openai.OpenAI, upstream: MockUpstream
+) -> None:
+    """Streamed with thinking on, an answer that took a restore round keeps both rounds'
+    thinking blocks, with their signatures, as two blocks the OpenAI SDK can add up."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    from tests.gateway.routes.test_messages import REF, message_events
+
+    rows = "\n".join(f'{{"flight": "HAT{n:03d}", "price": {100 + n}}}' for n in range(900))
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    history: list[Any] = [
+        {"role": "user", "content": "Which flights?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": rows},
+        {"role": "user", "content": "What does HAT042 cost?"},
+    ]
+
+    def rounds(received: Any) -> Any:
+        body = received.json()
+        first = body["messages"][-1]["content"][0].get("tool_use_id") != "toolu_r"
+        if first:
+            ref = REF.search(received.body.decode())
+            assert ref is not None
+            content = [
+                {"type": "thinking", "thinking": "I need the rows.", "signature": "c2ln"},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_r",
+                    "name": "context_restore",
+                    "input": {"ref": ref.group()},
+                },
+            ]
+        else:
+            content = [
+                {"type": "thinking", "thinking": "Row 43 says 142.", "signature": "c2lnMg"},
+                {"type": "text", "text": "It costs 142."},
+            ]
+        message = {
+            **ANSWER,
+            "content": content,
+            "stop_reason": "tool_use" if first else "end_turn",
+            "usage": {"input_tokens": 100, "output_tokens": 10},
+        }
+        return SSEReply(message_events(message))
+
+    upstream.handler = rounds
+    state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+    for chunk in client.chat.completions.create(
+        model="claude-sonnet-4", messages=history, reasoning_effort="low", stream=True
+    ):
+        state.handle_chunk(chunk)
+    message = state.current_completion_snapshot.choices[0].message
+    assert message.content == "It costs 142."
+    blocks = message.model_dump()["thinking_blocks"]
+    assert [(b["thinking"], b["signature"], b["index"]) for b in blocks] == [
+        ("I need the rows.", "c2ln", 0),
+        ("Row 43 says 142.", "c2lnMg", 1),
+    ]
+    assert len(upstream.received) == 2
