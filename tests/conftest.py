@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from gateway.settings import Settings, UpstreamSettings
+from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer, private_redis, redis_from_env
 from tests.mock_upstream import MockUpstream
 
@@ -74,3 +74,15 @@ def session_gateway(mock_upstream: MockUpstream, redis_url: str) -> Iterator[Gat
 def gateway(session_gateway: GatewayServer, upstream: MockUpstream) -> GatewayServer:
     """The shared gateway in front of a freshly reset mock upstream."""
     return session_gateway
+
+
+@pytest.fixture
+def anthropic_gateway(upstream: MockUpstream) -> Iterator[GatewayServer]:
+    """A gateway whose built-in Anthropic provider (``claude-*``) talks to the mock too."""
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        yield server

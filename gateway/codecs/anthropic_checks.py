@@ -24,6 +24,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.codecs.anthropic import OPENAI_PARTS
+from gateway.codecs.json_body import json_object, shown, type_error
 from gateway.errors import InvalidRequest
 
 __all__ = ["checked_body"]
@@ -50,18 +51,7 @@ _MAX_NESTING: Final = 255
 
 def checked_body(raw: bytes) -> dict[str, Any]:
     """The Messages request in ``raw``, or ``InvalidRequest`` naming what is wrong."""
-    if not raw.strip():
-        raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"The request body is not valid JSON: {exc}", code="invalid_json"
-        ) from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest(
-            f"The request body must be a JSON object, got {_json_type(body)}.", code="invalid_body"
-        )
+    body = json_object(raw)
     # First: the checks below recurse into tool results.
     _check_nesting(body)
     _check_top_level(body)
@@ -74,28 +64,28 @@ def checked_body(raw: bytes) -> dict[str, Any]:
 def _check_top_level(body: dict[str, Any]) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _type_error("model", "a non-empty string", model)
+        raise type_error("model", "a non-empty string", model)
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise _type_error("max_tokens", "an integer", max_tokens)
+        raise type_error("max_tokens", "an integer", max_tokens)
     if max_tokens < 1:
         raise _value_error("max_tokens", "an integer of at least 1", max_tokens)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _type_error("stream", "a boolean", stream)
+        raise type_error("stream", "a boolean", stream)
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-            raise _type_error(name, "a number", value)
+            raise type_error(name, "a number", value)
     stops = body.get("stop_sequences")
     if stops is not None and not (
         isinstance(stops, list) and all(isinstance(s, str) for s in stops)
     ):
-        raise _type_error("stop_sequences", "an array of strings", stops)
+        raise type_error("stop_sequences", "an array of strings", stops)
     choice = body.get("tool_choice")
     if choice is not None:
         if not isinstance(choice, dict):
-            raise _type_error("tool_choice", "an object", choice)
+            raise type_error("tool_choice", "an object", choice)
         _check_fields(choice, "tool_choice", (("type", str),))
         if choice["type"] == "tool":
             _check_fields(choice, "tool_choice", (("name", str),))
@@ -103,17 +93,17 @@ def _check_top_level(body: dict[str, Any]) -> None:
 
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list):
-        raise _type_error("messages", "an array of messages", messages)
+        raise type_error("messages", "an array of messages", messages)
     if not messages:
         raise _value_error("messages", "at least one message", messages)
     for index, turn in enumerate(messages):
         param = f"messages.{index}"
         if not isinstance(turn, dict):
-            raise _type_error(param, "an object", turn)
+            raise type_error(param, "an object", turn)
         role = turn.get("role")
         if role not in ("user", "assistant"):
             if role is None:
-                raise _type_error(f"{param}.role", "a string", role)
+                raise type_error(f"{param}.role", "a string", role)
             raise _value_error(f"{param}.role", "one of assistant, user", role)
         _check_content(turn.get("content"), f"{param}.content")
 
@@ -122,7 +112,7 @@ def _check_system(system: Any) -> None:
     if system is None or isinstance(system, str):
         return
     if not isinstance(system, list):
-        raise _type_error("system", "a string or an array of text blocks", system)
+        raise type_error("system", "a string or an array of text blocks", system)
     for index, block in enumerate(system):
         _check_block(block, f"system.{index}")
         if block["type"] != "text":
@@ -133,10 +123,10 @@ def _check_tools(tools: Any) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise _type_error("tools", "an array of tools", tools)
+        raise type_error("tools", "an array of tools", tools)
     for index, tool in enumerate(tools):
         if not isinstance(tool, dict):
-            raise _type_error(f"tools.{index}", "an object", tool)
+            raise type_error(f"tools.{index}", "an object", tool)
         if tool.get("type", "custom") == "custom":
             _check_fields(tool, f"tools.{index}", _CUSTOM_TOOL)
 
@@ -145,14 +135,14 @@ def _check_content(content: Any, param: str) -> None:
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _type_error(param, "a string or an array of content blocks", content)
+        raise type_error(param, "a string or an array of content blocks", content)
     for index, block in enumerate(content):
         _check_block(block, f"{param}.{index}")
 
 
 def _check_block(block: Any, param: str) -> None:
     if not isinstance(block, dict):
-        raise _type_error(param, "an object", block)
+        raise type_error(param, "an object", block)
     _check_fields(block, param, (("type", str),))
     kind = block["type"]
     if kind in OPENAI_PARTS and kind != "text":
@@ -172,7 +162,7 @@ def _check_block(block: Any, param: str) -> None:
 def _check_fields(value: dict[str, Any], param: str, fields: _Fields) -> None:
     for name, kind in fields:
         if not isinstance(value.get(name), kind):
-            raise _type_error(f"{param}.{name}", _NAMES[kind], value.get(name))
+            raise type_error(f"{param}.{name}", _NAMES[kind], value.get(name))
 
 
 def _check_nesting(body: dict[str, Any]) -> None:
@@ -203,35 +193,9 @@ def _too_deep(value: Any, depth: int) -> bool:
     return False
 
 
-def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:
-    if got is None:
-        return InvalidRequest(
-            f"Missing required parameter: '{param}' (expected {expected}).",
-            code="missing_required_parameter",
-            param=param,
-        )
-    return InvalidRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {_json_type(got)}.",
-        code="invalid_type",
-        param=param,
-    )
-
-
 def _value_error(param: str, expected: str, got: Any) -> InvalidRequest:
-    shown = orjson.dumps(got).decode()
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
     return InvalidRequest(
-        f"Invalid value for '{param}': expected {expected}, got {shown}.",
+        f"Invalid value for '{param}': expected {expected}, got {shown(got)}.",
         code="invalid_value",
         param=param,
     )
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from gateway.codecs.json_body import json_object, shown, type_error
 from gateway.errors import InvalidRequest
 
 __all__ = ["parse_chat_request"]
@@ -20,27 +21,16 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
     """The request body as a dict, or ``InvalidRequest`` naming what is wrong."""
-    if not raw.strip():
-        raise InvalidRequest("The request body is empty; send a JSON object.", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"The request body is not valid JSON: {exc}", code="invalid_json"
-        ) from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest(
-            f"The request body must be a JSON object, got {_json_type(body)}.", code="invalid_body"
-        )
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise _type_error("model", "a non-empty string", model)
+        raise type_error("model", "a non-empty string", model)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _type_error("stream", "a boolean", stream)
+        raise type_error("stream", "a boolean", stream)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _type_error("messages", "a non-empty array", messages)
+        raise type_error("messages", "a non-empty array", messages)
     for index, message in enumerate(messages):
         _check_message(index, message)
     for key in ("tools", "functions"):
@@ -48,7 +38,7 @@ def parse_chat_request(raw: bytes) -> dict[str, Any]:
         if value is not None and not (
             isinstance(value, list) and all(isinstance(t, dict) for t in value)
         ):
-            raise _type_error(key, "an array of objects", value)
+            raise type_error(key, "an array of objects", value)
     _check_nesting({key: value for key, value in body.items() if key != "messages"}, None, 0)
     return body
 
@@ -81,25 +71,25 @@ def _check_message(index: int, message: Any) -> None:
     # The common case is checked with as little work as possible: it runs for every
     # message of every request. The error message is only built on failure.
     if not isinstance(message, dict):
-        raise _type_error(f"messages[{index}]", "an object", message)
+        raise type_error(f"messages[{index}]", "an object", message)
     role = message.get("role")
     if role not in _ROLES:
         param = f"messages[{index}].role"
         raise InvalidRequest(
             f"Invalid value for '{param}': expected one of {', '.join(sorted(_ROLES))},"
-            f" got {_show(role)}.",
+            f" got {shown(role)}.",
             code="invalid_value",
             param=param,
         )
     content = message.get("content")
     if content is not None and type(content) is not str:
         if not isinstance(content, list):
-            raise _type_error(
+            raise type_error(
                 f"messages[{index}].content", "a string, an array of parts or null", content
             )
         for position, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise _type_error(
+                raise type_error(
                     f"messages[{index}].content[{position}]",
                     "an object with a string 'type'",
                     part,
@@ -108,7 +98,7 @@ def _check_message(index: int, message: Any) -> None:
     if tool_calls is not None and not (
         isinstance(tool_calls, list) and all(isinstance(c, dict) for c in tool_calls)
     ):
-        raise _type_error(f"messages[{index}].tool_calls", "an array of objects", tool_calls)
+        raise type_error(f"messages[{index}].tool_calls", "an array of objects", tool_calls)
     for position, call in enumerate(tool_calls or ()):
         function = call.get("function")
         if function is not None and not (
@@ -116,7 +106,7 @@ def _check_message(index: int, message: Any) -> None:
             and isinstance(function.get("name", ""), str)
             and isinstance(function.get("arguments", ""), str)
         ):
-            raise _type_error(
+            raise type_error(
                 f"messages[{index}].tool_calls[{position}].function",
                 "an object with string 'name' and 'arguments'",
                 function,
@@ -124,41 +114,8 @@ def _check_message(index: int, message: Any) -> None:
     for key in _OPTIONAL_STRINGS:
         value = message.get(key)
         if value is not None and type(value) is not str:
-            raise _type_error(f"messages[{index}].{key}", "a string", value)
+            raise type_error(f"messages[{index}].{key}", "a string", value)
     for value in message.values():
         if type(value) in _CONTAINERS:
             _check_nesting(message, f"messages[{index}]", 2)
             break
-
-
-def _type_error(param: str, expected: str, got: Any) -> InvalidRequest:
-    if got is None:
-        return InvalidRequest(
-            f"Missing required parameter: '{param}' (expected {expected}).",
-            code="missing_required_parameter",
-            param=param,
-        )
-    return InvalidRequest(
-        f"Invalid type for '{param}': expected {expected}, but got {_json_type(got)}.",
-        code="invalid_type",
-        param=param,
-    )
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _show(value: Any) -> str:
-    text = orjson.dumps(value).decode() if value is not None else "nothing"
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -58,14 +58,8 @@ def ask(
 
 
 @pytest.fixture
-def gateway(upstream: MockUpstream) -> Iterator[GatewayServer]:
-    settings = Settings(
-        upstream=UpstreamSettings(base_url=upstream.base_url),
-        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
-        summaries=False,
-    )
-    with GatewayServer(settings) as server:
-        yield server
+def gateway(anthropic_gateway: GatewayServer) -> GatewayServer:
+    return anthropic_gateway
 
 
 @pytest.fixture
