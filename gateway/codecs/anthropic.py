@@ -89,7 +89,15 @@ clients moving from it get what they had)."""
 
 def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
     """The Messages API request for OpenAI chat request ``body``; ``InvalidRequest`` for
-    what cannot be expressed there (a tool call whose arguments are not a JSON object)."""
+    what cannot be expressed there (a tool call whose arguments are not a JSON object,
+    several choices)."""
+    choices = body.get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
+        raise InvalidRequest(
+            f"n={choices}: Claude answers with one choice; ask n times for more.",
+            code="unsupported_parameter",
+            param="n",
+        )
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     for message in body.get("messages", ()):

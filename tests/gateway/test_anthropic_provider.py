@@ -363,3 +363,13 @@ def test_thinking_over_two_restore_rounds_reaches_the_openai_client_whole(
         ("Row 43 says 142.", "c2lnMg", 1),
     ]
     assert len(upstream.received) == 2
+
+
+def test_several_choices_are_refused_rather_than_silently_one(
+    client: openai.OpenAI, upstream: MockUpstream
+) -> None:
+    """Claude has no `n`: asking for 3 choices is a clear 400, not one answer."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="claude-sonnet-4", messages=MESSAGES, n=3)
+    assert caught.value.code == "unsupported_parameter"
+    assert upstream.received == []
