@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 import anthropic
 import httpx
@@ -28,29 +28,21 @@ import httpx2
 import orjson
 
 from gateway.codecs.anthropic import ChunkTranslator, from_message, to_messages
+from gateway.codecs.anthropic_answers import error_type
 from gateway.errors import (
-    UpstreamInvalidAnswer,
     UpstreamStreamBroken,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from gateway.settings import AnthropicSettings, UpstreamSettings
-from gateway.sse import event_data
-from gateway.upstream import ResponseReading
+from gateway.sse import close, event_data
+from gateway.upstream import ResponseReading, json_answer
 
 __all__ = ["AnthropicUpstream"]
 
 _PASSED: Final = ("anthropic-version", "anthropic-beta")
 _RELAYED: Final = frozenset({"retry-after", "retry-after-ms", "request-id"})
 """Headers of an Anthropic error answer the client should see (its SDK's backoff)."""
-_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-}
 
 
 class AnthropicUpstream(ResponseReading):
@@ -128,7 +120,7 @@ class AnthropicUpstream(ResponseReading):
                 headers={"content-type": "text/event-stream; charset=utf-8"},
                 stream=_Chunks(self.events(response), translator),
             )
-        message = _message(await self.read_body(response))
+        message = json_answer(await self.read_body(response), "a message", listing="content")
         answer = from_message(message, created=created)
         return httpx.Response(
             200, headers={"content-type": "application/json"}, content=orjson.dumps(answer)
@@ -182,20 +174,6 @@ def _key(headers: Mapping[str, str]) -> str:
     return headers.get("x-api-key", "")
 
 
-def _message(body: bytes) -> dict[str, Any]:
-    """The Messages answer in a success ``body``, or ``UpstreamInvalidAnswer``."""
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        message = None
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        raise UpstreamInvalidAnswer(
-            "Anthropic answered with success, and a body that is not a message:"
-            f" {body[:200].decode('utf-8', 'replace')}"
-        )
-    return message
-
-
 def _relayed_on_error(name: str) -> bool:
     lower = name.lower()
     return lower in _RELAYED or lower.startswith("anthropic-ratelimit-")
@@ -211,7 +189,7 @@ def _openai_error(status: int, body: bytes) -> bytes:
     error = found.get("error") if isinstance(found, dict) else None
     error = error if isinstance(error, dict) else {}
     message = str(error.get("message") or body[:300].decode("utf-8", "replace") or status)
-    kind = str(error.get("type") or _ERROR_TYPES.get(status, "api_error"))
+    kind = str(error.get("type") or error_type(status))
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": kind}})
 
 
@@ -270,6 +248,4 @@ class _Chunks(httpx.AsyncByteStream):
         yield b"data: [DONE]\n\n"
 
     async def aclose(self) -> None:
-        aclose = getattr(self.events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close(self.events)

@@ -20,19 +20,14 @@ from gateway.metrics import Metrics
 from pipelines import observed_break
 from pipelines.session import usage_of
 
-__all__ = ["CACHE_BREAK_HEADER", "note_cache_break", "predicted_break"]
+__all__ = ["CACHE_BREAK_HEADER", "note_cache_break"]
 
 CACHE_BREAK_HEADER = "x-contextgate-cache-break"
 
 
-def predicted_break(chat: ChatRequest) -> str | None:
-    """The cause the pipeline gave for this request breaking the cache, if it did."""
-    return chat.result.report.cache_break
-
-
 def cache_break(chat: ChatRequest, usage: dict[str, Any] | None) -> str | None:
     """The cause of this request's cache break, judged with the usage it got back."""
-    predicted = predicted_break(chat)
+    predicted = chat.result.report.cache_break
     if chat.result.report.cache == "diverged":
         return None
     previous = chat.state.cached_tokens if chat.state is not None else None

@@ -26,13 +26,14 @@ import anyio
 import httpx
 from litestar import Request
 
-from gateway.cache_breaks import CACHE_BREAK_HEADER, note_cache_break, predicted_break
+from gateway.cache_breaks import CACHE_BREAK_HEADER, note_cache_break
 from gateway.client import while_connected
 from gateway.compaction import ChatRequest, recompact
 from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import first_event, is_event_stream
 from gateway.restore import RESTORE_TOOL, Restorer, has_refs, with_restore_tool
+from gateway.sse import close
 from gateway.state import Gateway
 from gateway.upstream import ChatUpstream, is_context_overflow
 
@@ -145,13 +146,9 @@ async def exchange(
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
-        outgoing = result.request
-        content = chat.raw if chat.raw is not None and not result.changed else None
-        content = content if content is not None else wire.encode(outgoing)
+        outgoing, content, tooled = with_restore(chat, wire.encode)
         restorer = None
-        tooled = with_restore(chat, outgoing, content)
-        if tooled is not None:
-            outgoing, content = tooled, wire.encode(tooled)
+        if tooled:
             counter = gateway.pipeline.counter(
                 gateway.pipeline.catalog.lookup(str(outgoing.get("model", ""))).encoding
             )
@@ -167,7 +164,7 @@ async def exchange(
         response = await while_connected(request.receive, wire.send(content, headers))
         ours = report_headers(request_id, result.report, own_ms)
         ours["x-contextgate-attempts"] = str(attempt)
-        predicted = predicted_break(chat)
+        predicted = result.report.cache_break
         if predicted is not None:
             ours[CACHE_BREAK_HEADER] = predicted
         if is_event_stream(response):
@@ -175,9 +172,7 @@ async def exchange(
             first = await while_connected(request.receive, first_event(events))
             failed = wire.stream_error(first)
             if failed is not None:
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await close(events)
                 status, body = failed
                 return Buffered(response, body, ours, status=status)
             tracker = wire.usage_tracker()
@@ -188,7 +183,9 @@ async def exchange(
                 resend = _resend_stream(wire, outgoing, headers)
                 relayed = wire.stream(first, metered, restorer, resend)
                 first = b""
-            events = _Remembering(gateway, chat, sent_at, relayed, metered, restorer, tracker)
+            events = _Remembering(
+                gateway, chat, sent_at, relayed, metered, restorer is not None, tracker
+            )
             return Streamed(response, first, events, ours)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         body = await while_connected(request.receive, upstream.read_body(response, limit))
@@ -227,15 +224,24 @@ async def exchange(
 
 
 def with_restore(
-    chat: ChatRequest, outgoing: dict[str, Any], content: bytes
-) -> dict[str, Any] | None:
-    """``outgoing`` with the restore tool when the conversation has it already (once added
-    it stays, so the tools do not change from one turn to the next) or ``content``, the
-    body for ``outgoing``, names an offloaded object; ``None`` when it needs none or cannot
-    have it (``with_restore_tool``)."""
-    if (chat.state is not None and chat.state.restore_tool) or has_refs(content):
-        return with_restore_tool(outgoing)
-    return None
+    chat: ChatRequest, encode: Callable[[dict[str, Any]], bytes]
+) -> tuple[dict[str, Any], bytes, bool]:
+    """The pipeline's request as it goes upstream, its body (``encode``d, or as received
+    when no stage changed it) and whether it carries the restore tool: it does when the
+    conversation has it already (once added it stays, so the tools do not change from one
+    turn to the next) or when its body names an offloaded object, unless it cannot
+    (``with_restore_tool``). Each body is encoded once."""
+    outgoing = chat.result.request
+    content = None
+    if not (chat.state is not None and chat.state.restore_tool):
+        raw = None if chat.result.changed else chat.raw
+        content = raw if raw is not None else encode(outgoing)
+        if not has_refs(content):
+            return outgoing, content, False
+    tooled = with_restore_tool(outgoing)
+    if tooled is None:
+        return outgoing, content if content is not None else encode(outgoing), False
+    return tooled, encode(tooled), True
 
 
 def _remember(
@@ -298,9 +304,7 @@ class _Metered:
         return event
 
     async def aclose(self) -> None:
-        aclose = getattr(self._events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close(self._events)
 
 
 class _Remembering:
@@ -328,12 +332,12 @@ class _Remembering:
         sent_at: float,
         events: AsyncIterator[bytes],
         upstream: AsyncIterator[bytes],
-        restorer: Restorer | None,
+        restore_tool: bool,
         tracker: UsageTracker,
     ) -> None:
         self._gateway, self._chat, self._sent_at = gateway, chat, sent_at
         self._events, self._upstream = events, upstream
-        self._restore_tool = restorer is not None
+        self._restore_tool = restore_tool
         self._tracker = tracker
         self._done = False
 
@@ -356,6 +360,4 @@ class _Remembering:
         _remember(self._gateway, self._chat, self._sent_at, usage, self._restore_tool)
         with anyio.CancelScope(shield=True):
             for events in (self._events, self._upstream):
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await close(events)

@@ -22,7 +22,7 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
-from gateway.sse import error_event
+from gateway.sse import close, error_event
 from gateway.upstream import relayable_response_headers
 
 __all__ = [
@@ -53,9 +53,7 @@ class RelayStream(ASGIStreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 for iterator in (self.iterator, getattr(self, "upstream", None)):
-                    aclose = getattr(iterator, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
+                    await close(iterator)
 
 
 def is_event_stream(response: httpx.Response) -> bool:
@@ -92,10 +90,8 @@ async def _relay(
         log.warning("upstream stream failed: %s", exc.code, extra={"request_id": request_id})
         yield error(exc)
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+        with anyio.CancelScope(shield=True):
+            await close(events)
 
 
 def buffered_response(

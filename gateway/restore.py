@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.sse import event_data
+from gateway.sse import close, event_data
 from gateway.store import REF_PATTERN
 from pipelines import OffloadStore, StoreError, TokenCounter
 from pipelines.stages.media import MEDIA_PARTS
@@ -418,9 +418,7 @@ async def stream(
                 if delta or choice.get("logprobs"):
                     yield _event(chunk)
         finally:
-            aclose = getattr(round_events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close(round_events)
         usage = add_usage(usage, round_usage)
         leftover = calls.flush()
         if leftover:
@@ -540,6 +538,4 @@ async def chain(first: bytes, events: AsyncIterator[bytes]) -> AsyncGenerator[by
         async for event in events:
             yield event
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close(events)

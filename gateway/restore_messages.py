@@ -22,8 +22,9 @@ from typing import Any, Final
 import orjson
 
 from gateway.codecs.anthropic import Accumulator, to_messages
+from gateway.codecs.anthropic_answers import messages_event
 from gateway.restore import MAX_ROUNDS, RESTORE_TOOL_NAME, Restorer, add_usage, chain
-from gateway.sse import event_data
+from gateway.sse import close, event_data
 
 __all__ = ["complete", "stream"]
 
@@ -109,10 +110,6 @@ async def complete(
     return orjson.dumps(answer)
 
 
-def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
 async def stream(
     first: bytes,
     events: AsyncIterator[bytes],
@@ -171,7 +168,11 @@ async def stream(
                         yield event
                         continue
                     number = numbers[index]
-                    yield event if number == index else _event(str(kind), {**data, "index": number})
+                    yield (
+                        event
+                        if number == index
+                        else messages_event(str(kind), {**data, "index": number})
+                    )
                     continue
                 if kind == "message_delta":
                     stop = data
@@ -185,9 +186,7 @@ async def stream(
                     continue
                 yield event  # ping, error, anything newer
         finally:
-            aclose = getattr(round_events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close(round_events)
         usage = add_usage(usage, round_usage)
         accumulator.finish()
         content = accumulator.message.get("content") or []
@@ -211,16 +210,18 @@ async def stream(
             delta["stop_reason"] = "end_turn"
             if not text_sent:
                 start = {"type": "text", "text": ""}
-                yield _event(
+                yield messages_event(
                     "content_block_start",
                     {"type": "content_block_start", "index": shown, "content_block": start},
                 )
                 text = {"type": "text_delta", "text": EXHAUSTED}
-                yield _event(
+                yield messages_event(
                     "content_block_delta",
                     {"type": "content_block_delta", "index": shown, "delta": text},
                 )
-                yield _event("content_block_stop", {"type": "content_block_stop", "index": shown})
-        yield _event("message_delta", {**stop, "delta": delta, "usage": usage or {}})
-        yield _event("message_stop", {"type": "message_stop"})
+                yield messages_event(
+                    "content_block_stop", {"type": "content_block_stop", "index": shown}
+                )
+        yield messages_event("message_delta", {**stop, "delta": delta, "usage": usage or {}})
+        yield messages_event("message_stop", {"type": "message_stop"})
         return

@@ -14,6 +14,7 @@ from typing import Final
 import orjson
 
 __all__ = [
+    "close",
     "error_event",
     "event_data",
     "sse_events",
@@ -57,3 +58,11 @@ def event_data(event: bytes) -> bytes:
     lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
     return b"\n".join(data)
+
+
+async def close(events: object) -> None:
+    """Close ``events``, an async iterator of events (a generator, an upstream's event
+    reader), if it is one that can be closed."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()

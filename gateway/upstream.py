@@ -11,12 +11,18 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import httpx
+import orjson
 
-from gateway.errors import UpstreamStreamBroken, UpstreamTimeout, UpstreamUnreachable
+from gateway.errors import (
+    UpstreamInvalidAnswer,
+    UpstreamStreamBroken,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.settings import UpstreamSettings
 from gateway.sse import sse_events
 
@@ -27,6 +33,7 @@ __all__ = [
     "ResponseReading",
     "Upstream",
     "is_context_overflow",
+    "json_answer",
     "relayable_response_headers",
     "upstream_request_headers",
 ]
@@ -243,6 +250,24 @@ OVERFLOW_PHRASES: Final = (
     "prompt is too long",
     "exceed context limit",
 )
+
+
+def json_answer(body: bytes, what: str, *, listing: str | None = None) -> dict[str, Any]:
+    """The JSON object in a success ``body`` that the gateway has to read (translate it,
+    answer restore calls in it), with a list under ``listing`` when one is named; else
+    ``UpstreamInvalidAnswer`` saying it is not ``what`` it should be."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict) or (
+        listing is not None and not isinstance(answer.get(listing), list)
+    ):
+        raise UpstreamInvalidAnswer(
+            f"The upstream answered with success, and a body that is not {what}:"
+            f" {body[:200].decode('utf-8', 'replace')}"
+        )
+    return answer
 
 
 def is_context_overflow(status: int, body: bytes) -> bool:

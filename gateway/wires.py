@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import httpx
 import orjson
@@ -19,6 +19,7 @@ import orjson
 from gateway import restore, restore_messages
 from gateway.anthropic import AnthropicUpstream
 from gateway.codecs.anthropic import usage_of
+from gateway.codecs.anthropic_answers import error_status
 from gateway.codecs.anthropic_inbound import to_request
 from gateway.exchange import Resend, ResendStream
 from gateway.restore import Restorer
@@ -26,18 +27,6 @@ from gateway.sse import event_data
 from gateway.upstream import ChatUpstream
 
 __all__ = ["ChatWire", "MessagesWire"]
-
-_ERROR_STATUS: Final = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "overloaded_error": 529,
-}
-"""The status an Anthropic error type stands for (its error events carry no status)."""
 
 
 class ChatWire:
@@ -88,8 +77,7 @@ class ChatWire:
             error = orjson.loads(data)["error"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return None
-        kind = error.get("type") if isinstance(error, dict) else None
-        return _ERROR_STATUS.get(str(kind), 502), data
+        return _error_status(error), data
 
 
 class MessagesWire:
@@ -129,12 +117,8 @@ class MessagesWire:
         return restore_messages.stream(first, events, restorer, resend)
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        usage = answer.get("usage") if isinstance(answer, dict) else None
-        return usage_of(usage) if isinstance(usage, dict) else None
+        usage = _usage(body)
+        return usage_of(usage) if usage is not None else None
 
     def usage_tracker(self) -> _EventUsage:
         return _EventUsage()
@@ -149,13 +133,19 @@ class MessagesWire:
             return None
         if not isinstance(answer, dict) or answer.get("type") != "error":
             return None
-        error = answer.get("error")
-        kind = error.get("type") if isinstance(error, dict) else None
-        return _ERROR_STATUS.get(str(kind), 502), data
+        return _error_status(answer.get("error")), data
+
+
+def _error_status(error: Any) -> int:
+    """The status an error object of a stream's first event stands for (by its Anthropic
+    error type; 502 when it names none the gateway knows)."""
+    kind = error.get("type") if isinstance(error, dict) else None
+    return error_status(str(kind)) or 502
 
 
 def _usage(body: bytes) -> dict[str, Any] | None:
-    """The ``usage`` of a JSON chat completion, if it has one."""
+    """The ``usage`` of a JSON answer (a chat completion, a Messages answer), if it has
+    one."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -28,7 +28,15 @@ from typing import Any, Final
 import jiter
 import orjson
 
-__all__ = ["EventTranslator", "error_body", "error_from_openai", "error_type", "message_of"]
+__all__ = [
+    "EventTranslator",
+    "error_body",
+    "error_from_openai",
+    "error_status",
+    "error_type",
+    "message_of",
+    "messages_event",
+]
 
 _STOP_REASONS: Final = {
     "stop": "end_turn",
@@ -50,7 +58,8 @@ _ERROR_TYPES: Final = {
     504: "timeout_error",
     529: "overloaded_error",
 }
-_KNOWN_ERRORS: Final = frozenset({*_ERROR_TYPES.values(), "api_error"})
+_STATUSES: Final = {kind: status for status, kind in _ERROR_TYPES.items()} | {"api_error": 500}
+_KNOWN_ERRORS: Final = frozenset(_STATUSES)
 _STREAM_ERRORS: Final = {
     "upstream_timeout": "timeout_error",
     "rate_limit_exceeded": "rate_limit_error",
@@ -202,7 +211,9 @@ class EventTranslator:
             return []
         if chunk.get("error") is not None:
             self._ended = True
-            return [_event("error", {"type": "error", "error": _stream_error(chunk["error"])})]
+            return [
+                messages_event("error", {"type": "error", "error": _stream_error(chunk["error"])})
+            ]
         usage = chunk.get("usage")
         if isinstance(usage, Mapping):
             self._usage = _usage(usage)
@@ -226,7 +237,7 @@ class EventTranslator:
         out = self._start({})
         if not self._finished:
             out.extend(self._finish())
-        out.append(_event("message_stop", {"type": "message_stop"}))
+        out.append(messages_event("message_stop", {"type": "message_stop"}))
         return out
 
     def _start(self, chunk: Mapping[str, Any]) -> list[bytes]:
@@ -244,7 +255,7 @@ class EventTranslator:
             "stop_sequence": None,
             "usage": usage,
         }
-        return [_event("message_start", {"type": "message_start", "message": message})]
+        return [messages_event("message_start", {"type": "message_start", "message": message})]
 
     def _finish(self) -> list[bytes]:
         self._finished = True
@@ -252,7 +263,9 @@ class EventTranslator:
         usage = self._usage or {"output_tokens": 0}
         return [
             *self._close_block(),
-            _event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}),
+            messages_event(
+                "message_delta", {"type": "message_delta", "delta": delta, "usage": usage}
+            ),
         ]
 
     def _delta(self, delta: Mapping[str, Any]) -> list[bytes]:
@@ -287,7 +300,9 @@ class EventTranslator:
         out = self._close_block()
         index = self._new_block(_whole(block), out)
         self._open = None
-        out.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        out.append(
+            messages_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
         return out
 
     def _tool_call(self, call: Mapping[str, Any]) -> list[bytes]:
@@ -325,23 +340,26 @@ class EventTranslator:
         self._blocks += 1
         self._open = (index, str(block.get("type")))
         start = {"type": "content_block_start", "index": index, "content_block": block}
-        out.append(_event("content_block_start", start))
+        out.append(messages_event("content_block_start", start))
         return index
 
     def _close_block(self) -> list[bytes]:
         if self._open is None:
             return []
         index, self._open = self._open[0], None
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": index})]
+        return [
+            messages_event("content_block_stop", {"type": "content_block_stop", "index": index})
+        ]
 
     def _block_delta(self, delta: dict[str, Any], index: int | None = None) -> bytes:
         if index is None:
             index = self._open[0] if self._open else 0
         data = {"type": "content_block_delta", "index": index, "delta": delta}
-        return _event("content_block_delta", data)
+        return messages_event("content_block_delta", data)
 
 
-def _event(kind: str, data: Mapping[str, Any]) -> bytes:
+def messages_event(kind: str, data: Mapping[str, Any]) -> bytes:
+    """One server-sent event of a Messages stream."""
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
@@ -365,6 +383,11 @@ def error_type(status: int) -> str:
     return _ERROR_TYPES.get(status) or (
         "invalid_request_error" if 400 <= status < 500 else "api_error"
     )
+
+
+def error_status(kind: str) -> int | None:
+    """The HTTP status an Anthropic error type stands for (an error event carries none)."""
+    return _STATUSES.get(kind)
 
 
 def error_body(status: int, message: str) -> bytes:

@@ -36,14 +36,14 @@ from gateway.codecs.anthropic_inbound import (
     to_request,
 )
 from gateway.compaction import compact_request
-from gateway.errors import GatewayError, UpstreamInvalidAnswer
+from gateway.errors import GatewayError
 from gateway.exchange import Buffered, exchange, with_restore
 from gateway.headers import report_headers
 from gateway.relay import buffered_response, streamed_response
 from gateway.restore import RESTORE_TOOL, chain
 from gateway.sse import event_data
 from gateway.state import Gateway, new_request_id
-from gateway.upstream import upstream_request_headers
+from gateway.upstream import json_answer, upstream_request_headers
 from gateway.wires import ChatWire, MessagesWire
 
 __all__ = ["anthropic_error_event", "count_tokens", "messages"]
@@ -102,7 +102,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if isinstance(answer, Buffered):
         status = answer.status or answer.response.status_code
         if 200 <= status < 300:
-            body = orjson.dumps(message_of(_completion(answer.body)))
+            body = orjson.dumps(message_of(json_answer(answer.body, "a chat completion")))
         else:
             body = error_from_openai(status, answer.body)
         return buffered_response(answer.response, body, answer.headers, status)
@@ -127,38 +127,22 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
     ours = report_headers(request_id, report, report.ms)
-    outgoing = chat.result.request
-    tooled = with_restore(chat, outgoing, orjson.dumps(outgoing))
+    outgoing, _, tooled = with_restore(chat, orjson.dumps)
     if gateway.upstream_for(model) is gateway.anthropic:
         headers = upstream_request_headers(
             request.headers.items(), gateway.upstream_key(chat.caller, model)
         )
-        messages = to_request(tooled or outgoing, inbound.native, default_max_tokens=1)
+        messages = to_request(outgoing, inbound.native, default_max_tokens=1)
         counted = {k: v for k, v in messages.items() if k in _COUNTED}
         response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
         body = await gateway.anthropic.read_body(response)
         return buffered_response(response, body, ours)
     tokens = report.tokens_after
-    if tooled is not None:
+    if tooled:
         encoding = gateway.pipeline.catalog.lookup(model).encoding
         tokens += gateway.pipeline.counter(encoding).count_tools([RESTORE_TOOL])
     body = orjson.dumps({"input_tokens": tokens})
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
-
-
-def _completion(body: bytes) -> dict[str, Any]:
-    """The chat completion in a success ``body``, or ``UpstreamInvalidAnswer``: a body that
-    is not one cannot be translated (the chat route relays it as it is)."""
-    try:
-        completion = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        completion = None
-    if not isinstance(completion, dict):
-        raise UpstreamInvalidAnswer(
-            "The upstream answered with success, and a body that is not a chat completion:"
-            f" {body[:200].decode('utf-8', 'replace')}"
-        )
-    return completion
 
 
 def _with_max_tokens(raw: bytes) -> bytes:

@@ -431,11 +431,12 @@ def _predict(conversation: Conversation, ctx: StageContext) -> None:
     hoisted = ctx.model.family == "anthropic"
     now = Fingerprints.of(ctx.model_name, messages, conversation.tools, hoisted=hoisted)
     report, state = ctx.report, ctx.state
-    compaction = fingerprint(report.compaction()) if report is not None else ""
+    applied = report.compaction() if report is not None else None
+    compaction = fingerprint(applied) if applied is not None else ""
     if state is not None:
         event = report is not None and (
             report.moved
-            or bool(report.compaction()[-1])
+            or bool(applied and applied[-1])
             or bool(state.compaction_hash and compaction != state.compaction_hash)
         )
         before = Fingerprints(state.model_hash, state.system_hash, state.tool_hashes)

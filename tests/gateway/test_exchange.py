@@ -57,7 +57,7 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
         5.0,
         restore_loop(metered) if restoring else metered,
         metered,
-        restorer=object() if restoring else None,  # type: ignore[arg-type]
+        restore_tool=restoring,
         tracker=tracker,
     )
     await wrapper.aclose()
