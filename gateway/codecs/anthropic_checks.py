@@ -49,27 +49,29 @@ _NAMES: Final[dict[type, str]] = {str: "a string", dict: "an object", bool: "a b
 _MAX_NESTING: Final = 255
 
 
-def checked_body(raw: bytes) -> dict[str, Any]:
-    """The Messages request in ``raw``, or ``InvalidRequest`` naming what is wrong."""
+def checked_body(raw: bytes, *, counting: bool = False) -> dict[str, Any]:
+    """The Messages request in ``raw``, or ``InvalidRequest`` naming what is wrong;
+    ``counting``: a ``count_tokens`` request, which has no ``max_tokens``."""
     body = json_object(raw)
     # First: the checks below recurse into tool results.
     _check_nesting(body)
-    _check_top_level(body)
+    _check_top_level(body, counting)
     _check_messages(body.get("messages"))
     _check_system(body.get("system"))
     _check_tools(body.get("tools"))
     return body
 
 
-def _check_top_level(body: dict[str, Any]) -> None:
+def _check_top_level(body: dict[str, Any], counting: bool) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise type_error("model", "a non-empty string", model)
     max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        raise type_error("max_tokens", "an integer", max_tokens)
-    if max_tokens < 1:
-        raise _value_error("max_tokens", "an integer of at least 1", max_tokens)
+    if not (counting and max_tokens is None):
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise type_error("max_tokens", "an integer", max_tokens)
+        if max_tokens < 1:
+            raise _value_error("max_tokens", "an integer of at least 1", max_tokens)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise type_error("stream", "a boolean", stream)

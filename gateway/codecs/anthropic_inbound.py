@@ -96,10 +96,11 @@ _ANTHROPIC_KEYS: Final = frozenset(
 """Keys the chat form carries for Anthropic only, at any level."""
 
 
-def parse_request(raw: bytes) -> InboundRequest:
+def parse_request(raw: bytes, *, counting: bool = False) -> InboundRequest:
     """The request in ``raw``, checked as the Messages API checks it (``InvalidRequest``
-    otherwise, see ``anthropic_checks``), split for the pipeline."""
-    return from_request(checked_body(raw))
+    otherwise, see ``anthropic_checks``; ``counting``: a ``count_tokens`` request, which
+    has no ``max_tokens``), split for the pipeline."""
+    return from_request(checked_body(raw, counting=counting))
 
 
 def from_request(body: Mapping[str, Any]) -> InboundRequest:

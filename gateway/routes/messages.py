@@ -122,7 +122,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     raw = await read_body(
         request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
     )
-    inbound = parse_request(_with_max_tokens(raw))
+    inbound = parse_request(raw, counting=True)
     chat = await compact_request(request, dry_run=True, body=inbound.chat)
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
@@ -143,17 +143,6 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
         tokens += gateway.pipeline.counter(encoding).count_tools([RESTORE_TOOL])
     body = orjson.dumps({"input_tokens": tokens})
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
-
-
-def _with_max_tokens(raw: bytes) -> bytes:
-    """A count_tokens body (which has no ``max_tokens``) as a Messages request."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw  # parse_request says what is wrong with it
-    if isinstance(body, dict) and "max_tokens" not in body:
-        return orjson.dumps({**body, "max_tokens": 1})
-    return raw
 
 
 async def _translated(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
