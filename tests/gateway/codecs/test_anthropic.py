@@ -390,6 +390,29 @@ def test_streamed_thinking_comes_as_reasoning_and_one_lossless_block() -> None:
     ]
 
 
+THOUGHT = {"type": "thinking", "thinking": "Paris in May.", "signature": "c2ln"}
+REDACTED = {"type": "redacted_thinking", "data": "EmwK"}
+
+
+def thinking_events(last: dict[str, Any], *deltas: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages stream of a thinking block, a redacted thinking block, then ``last``
+    (streamed with ``deltas``), ending as ``last`` would end the answer."""
+    reasoning = {"type": "thinking_delta", "thinking": THOUGHT["thinking"]}
+    stop = "tool_use" if last["type"] == "tool_use" else "end_turn"
+    return [
+        {"type": "message_start", "message": {"id": "msg_t", "model": "claude", "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": {**THOUGHT, "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": reasoning},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": REDACTED},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": last},
+        *({"type": "content_block_delta", "index": 2, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {}},
+    ]
+
+
 def test_several_streamed_thinking_blocks_add_up_in_the_openai_sdk_and_go_back() -> None:
     """A streamed answer with a thinking and a redacted thinking block, read by the OpenAI
     SDK's own accumulator, ends with both blocks in order; the accumulated message sent
@@ -397,21 +420,8 @@ def test_several_streamed_thinking_blocks_add_up_in_the_openai_sdk_and_go_back()
     from openai.lib.streaming.chat import ChatCompletionStreamState
     from openai.types.chat import ChatCompletionChunk
 
-    thought = {"type": "thinking", "thinking": "Paris in May.", "signature": "c2ln"}
-    redacted = {"type": "redacted_thinking", "data": "EmwK"}
     call = {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}
-    reasoning = {"type": "thinking_delta", "thinking": thought["thinking"]}
-    events: list[dict[str, Any]] = [
-        {"type": "message_start", "message": {"id": "msg_t", "model": "claude", "usage": {}}},
-        {"type": "content_block_start", "index": 0, "content_block": {**thought, "thinking": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": reasoning},
-        {"type": "content_block_stop", "index": 0},
-        {"type": "content_block_start", "index": 1, "content_block": redacted},
-        {"type": "content_block_stop", "index": 1},
-        {"type": "content_block_start", "index": 2, "content_block": call},
-        {"type": "content_block_stop", "index": 2},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}},
-    ]
+    events = thinking_events(call)
     translator = ChunkTranslator()
     state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
     for event in events:
@@ -431,7 +441,7 @@ def test_several_streamed_thinking_blocks_add_up_in_the_openai_sdk_and_go_back()
             ],
         }
     )
-    assert sent["messages"][1]["content"] == [thought, redacted, call]
+    assert sent["messages"][1]["content"] == [THOUGHT, REDACTED, call]
 
 
 def test_empty_turns_are_left_out_of_the_request() -> None:

@@ -25,6 +25,7 @@ from gateway.codecs.anthropic_inbound import (
     error_type,
     message_of,
 )
+from tests.gateway.codecs.test_anthropic import REDACTED, THOUGHT, thinking_events
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, recorded_stream, recorded_streams
 
 ANTHROPIC_STREAMS = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "anthropic-sse"
@@ -305,29 +306,11 @@ def test_claude_thinking_relayed_as_chunks_comes_back_as_claude_wrote_it(
     """Claude's thinking and redacted thinking blocks, through the provider's chunks
     (which number them for the OpenAI SDK) and back to Messages events, read in the SDK
     as the very blocks Claude wrote, as does the completion the chunks add up to."""
-    thought = {"type": "thinking", "thinking": "Paris in May.", "signature": "c2ln"}
-    redacted = {"type": "redacted_thinking", "data": "EmwK"}
-    reasoning = {"type": "thinking_delta", "thinking": thought["thinking"]}
-    events: list[dict[str, Any]] = [
-        {"type": "message_start", "message": {"id": "msg_t", "model": "claude", "usage": {}}},
-        {"type": "content_block_start", "index": 0, "content_block": {**thought, "thinking": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": reasoning},
-        {"type": "content_block_stop", "index": 0},
-        {"type": "content_block_start", "index": 1, "content_block": redacted},
-        {"type": "content_block_stop", "index": 1},
-        {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": ""}},
-        {
-            "type": "content_block_delta",
-            "index": 2,
-            "delta": {"type": "text_delta", "text": "Mild."},
-        },
-        {"type": "content_block_stop", "index": 2},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
-    ]
+    events = thinking_events({"type": "text", "text": ""}, {"type": "text_delta", "text": "Mild."})
     translator = ChunkTranslator(include_usage=True)
     chunks = [chunk for event in events for chunk in translator.add(event)]
     whole = message_of(openai_answer(chunks))
-    assert whole["content"] == [thought, redacted, {"type": "text", "text": "Mild."}]
+    assert whole["content"] == [THOUGHT, REDACTED, {"type": "text", "text": "Mild."}]
     assert_same_answer(sdk_answer(upstream, events_of(chunks)), whole)
 
 
