@@ -10,6 +10,7 @@ from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
+from gateway.admission import Admission
 from gateway.codecs.anthropic_inbound import error_body
 from gateway.errors import GatewayError
 from gateway.relay import error_response
@@ -38,9 +39,12 @@ _HTTP_CODES = {
 }
 
 
-def _request_headers(request: Request[Any, Any, Any]) -> dict[str, str] | None:
+def _error_headers(request: Request[Any, Any, Any], exc: GatewayError) -> dict[str, str]:
+    headers = dict(exc.headers or {})
     request_id = getattr(request.state, "request_id", None)
-    return {"x-contextgate-request-id": request_id} if request_id else None
+    if request_id:
+        headers["x-contextgate-request-id"] = request_id
+    return headers
 
 
 def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
@@ -49,9 +53,9 @@ def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Res
             content=error_body(exc.status, exc.message),
             status_code=exc.status,
             media_type="application/json",
-            headers=_request_headers(request),
+            headers=_error_headers(request, exc),
         )
-    return error_response(exc, _request_headers(request))
+    return error_response(exc, _error_headers(request, exc))
 
 
 def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -100,6 +104,7 @@ def create_app(
             HTTPException: _on_http_error,
             Exception: _on_unexpected,
         },
+        middleware=[Admission()],
         on_startup=[gateway.warm],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,

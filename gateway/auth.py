@@ -2,10 +2,11 @@
 holds the upstream key presented.
 
 Decided from the request's credentials alone (``Authorization: Bearer`` or ``x-api-key``),
-never from ``Host`` or ``X-Forwarded-*``. With tenants configured, a request without a
-known gateway key is a 401 and the key itself never goes upstream: the tenant's (or the
-global) upstream key does. Without tenants, the caller's key goes upstream as it is and
-names the caller's namespace through a keyed hash (``Stores.namespace_of``).
+never from ``Host`` or ``X-Forwarded-*``, by ``gateway.admission`` before any route that is
+not public runs. With tenants configured, a request without a known gateway key is a 401
+and the key itself never goes upstream: the tenant's (or the global) upstream key does.
+Without tenants, the caller's key goes upstream as it is and names the caller's namespace
+through a keyed hash (``Stores.namespace_of``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from litestar import Request
 
 from gateway.errors import GatewayError
 from gateway.state import Gateway
-from gateway.tenants import hash_key
+from gateway.tenants import Profile
 
-__all__ = ["Caller", "Unauthorized", "caller_of", "credential_of", "hash_key"]
+__all__ = ["Caller", "Unauthorized", "caller_of", "credential_of", "identify"]
 
 
 class Unauthorized(GatewayError):
@@ -32,9 +33,18 @@ class Unauthorized(GatewayError):
 @dataclass(frozen=True, slots=True)
 class Caller:
     namespace: str
-    upstream_key: str | None
-    """The key to send upstream instead of the caller's; ``None``: forward the caller's."""
-    tenant: str | None = None
+    """Where the caller's offloaded content and conversations live."""
+    profile: Profile
+    """The caller's tenant, or the passthrough profile."""
+
+    @property
+    def tenant(self) -> str | None:
+        return self.profile.tenant
+
+    @property
+    def upstream_key(self) -> str | None:
+        """The key to send upstream instead of the caller's; ``None``: forward the caller's."""
+        return self.profile.upstream_api_key
 
 
 def credential_of(headers: Mapping[str, str]) -> str | None:
@@ -46,21 +56,24 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or None
 
 
-async def caller_of(request: Request[Any, Any, Any]) -> Caller:
-    """The caller of ``request``, or ``Unauthorized``."""
-    gateway: Gateway = request.app.state.gateway
-    credential = credential_of(request.headers)
+async def identify(gateway: Gateway, headers: Mapping[str, str]) -> Caller:
+    """The caller presenting ``headers``' credentials, or ``Unauthorized``."""
+    credential = credential_of(headers)
     tenants = gateway.tenants
     if tenants:
-        tenant = tenants.of(credential)
-        if tenant is None:
+        profile = tenants.of(credential)
+        if profile is None:
             raise Unauthorized(
                 "A valid gateway key is required: send it as `Authorization: Bearer <key>`"
                 " or `x-api-key`."
                 if credential is None
                 else "The gateway key is not valid."
             )
-        upstream_key = tenant.upstream_api_key or gateway.settings.upstream.api_key
-        return Caller("tenant:" + tenant.name, upstream_key, tenant.name)
-    namespace = await gateway.stores.namespace_of(credential)
-    return Caller(namespace, gateway.settings.upstream.api_key)
+        return Caller("tenant:" + str(profile.tenant), profile)
+    return Caller(await gateway.stores.namespace_of(credential), tenants.passthrough)
+
+
+def caller_of(request: Request[Any, Any, Any]) -> Caller:
+    """The caller ``gateway.admission`` identified for ``request``."""
+    caller: Caller = request.state.caller
+    return caller

@@ -15,19 +15,31 @@ from typing import TypeVar
 
 from litestar.types import Receive
 
-from gateway.errors import ClientDisconnected, PayloadTooLarge
+from gateway.errors import ClientDisconnected, PayloadTooLarge, RequestTimeout
 
 __all__ = ["read_body", "while_connected"]
 
 T = TypeVar("T")
 
 
-async def read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
+async def read_body(
+    receive: Receive, content_length: str | None, limit: int, *, within: float
+) -> bytes:
     """The whole request body, refused with 413 as soon as it is known to exceed ``limit``
-    bytes (from ``Content-Length``, or while it streams in), and 499 if the client leaves
-    before sending all of it."""
+    bytes (from ``Content-Length``, or while it streams in), 408 if it is not all there
+    ``within`` seconds, and 499 if the client leaves before sending all of it."""
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise PayloadTooLarge(_too_large(limit))
+    try:
+        async with asyncio.timeout(within):
+            return await _receive_body(receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {within:g} seconds."
+        ) from None
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:

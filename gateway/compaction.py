@@ -16,7 +16,7 @@ from litestar import Request
 from gateway.auth import Caller, caller_of
 from gateway.client import read_body
 from gateway.codecs.openai import parse_chat_request
-from gateway.errors import InvalidRequest, RequestRejectedError
+from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header
 from gateway.state import Gateway
 from gateway.summarizer import UpstreamSummarizer
@@ -36,6 +36,7 @@ __all__ = [
     "ChatRequest",
     "compact_request",
     "recompact",
+    "request_body",
 ]
 
 CONVERSATION_HEADER: Final = "x-contextgate-conversation"
@@ -71,14 +72,15 @@ async def compact_request(
     gives it already translated) compacted under its policy; a ``dry_run`` asks no model
     for a summary (a checkpoint already prepared is used)."""
     gateway: Gateway = request.app.state.gateway
+    caller = caller_of(request)
     raw = None
     if body is None:
-        raw = await read_body(
-            request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
-        )
+        raw = await request_body(request)
         body = parse_chat_request(raw)
-    policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
-    caller = await caller_of(request)
+    policy = policy_from_header(
+        request.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
+    )
+    _check_models(caller, str(body.get("model", "")), policy)
     namespace = caller.namespace
     conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
     state = await gateway.stores.conversations.get(namespace, conversation)
@@ -107,6 +109,28 @@ async def compact_request(
         )
     result = await _compact(gateway, body, policy, state, namespace, summaries)
     return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
+
+
+async def request_body(request: Request[Any, Any, Any]) -> bytes:
+    """The request's body, read within the gateway's size and time limits."""
+    settings = request.app.state.gateway.settings
+    return await read_body(
+        request.receive,
+        request.headers.get("content-length"),
+        settings.max_body_bytes,
+        within=settings.body_timeout,
+    )
+
+
+def _check_models(caller: Caller, model: str, policy: Policy) -> None:
+    """403 unless the caller's tenant may use ``model`` and the summary model."""
+    profile = caller.profile
+    for name, param in ((model, "model"), (policy.summary_model, POLICY_HEADER)):
+        if name is not None and not profile.allows(name):
+            raise Forbidden(
+                f"The model {name!r} is not available to this gateway key.",
+                param=param if param == "model" else f"{POLICY_HEADER}.summary-model",
+            )
 
 
 async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:

@@ -3,8 +3,12 @@
     GatewayError
     ├── InvalidRequest          400  invalid_request_error  (bad JSON, wrong types, bad policy)
     ├── RequestRejectedError    400  invalid_request_error  (pipeline refusal: payload_too_large)
-    ├── PayloadTooLarge         413  invalid_request_error  request_too_large
+    ├── Forbidden               403  permission_error       model_not_allowed
     ├── NotFound                404  invalid_request_error  not_found
+    ├── RequestTimeout          408  invalid_request_error  request_timeout
+    ├── PayloadTooLarge         413  invalid_request_error  request_too_large
+    ├── HeadersTooLarge         431  invalid_request_error  headers_too_large
+    ├── RateLimited             429  rate_limit_error       rate_limit_exceeded
     ├── ClientDisconnected      499  invalid_request_error  client_closed_request
     ├── UpstreamUnreachable     502  upstream_error         upstream_unreachable
     ├── UpstreamStreamBroken    502  upstream_error         upstream_stream_error
@@ -13,6 +17,7 @@
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
 with ``raise ... from exc``. ``openai_envelope`` renders any of them in the OpenAI shape.
+An error may carry response headers (``Retry-After`` on a 429).
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ import orjson
 
 __all__ = [
     "ClientDisconnected",
+    "Forbidden",
     "GatewayError",
+    "HeadersTooLarge",
     "InvalidRequest",
     "NotFound",
     "PayloadTooLarge",
+    "RateLimited",
     "RequestRejectedError",
+    "RequestTimeout",
     "UpstreamInvalidAnswer",
     "UpstreamStreamBroken",
     "UpstreamTimeout",
@@ -51,11 +60,13 @@ class GatewayError(Exception):
         param: str | None = None,
         status: int | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
         self.param = param
+        self.headers = headers
         if status is not None:
             self.status = status
         if type is not None:
@@ -76,6 +87,37 @@ class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class Forbidden(GatewayError):
+    """The caller is known but may not do this (a model outside its tenant's list)."""
+
+    status = 403
+    type = "permission_error"
+    default_code = "model_not_allowed"
+
+
+class RequestTimeout(GatewayError):
+    """The client took longer than ``body_timeout`` to send its body."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    type = "invalid_request_error"
+    default_code = "headers_too_large"
+
+
+class RateLimited(GatewayError):
+    """Over a tenant's request rate or concurrency limit; ``Retry-After`` says when to
+    try again."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
 
 
 class NotFound(GatewayError):

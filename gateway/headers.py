@@ -14,15 +14,17 @@ from http_sfv.dictionary import Dictionary
 from http_sfv.item import Item
 
 from gateway.errors import InvalidRequest
-from pipelines import Policy, PolicyError, Report
+from pipelines import Policy, PolicyBounds, PolicyError, Report
+from pipelines.policy import UNBOUNDED
 
 __all__ = ["POLICY_HEADER", "policy_from_header", "report_headers"]
 
 POLICY_HEADER: Final = "x-contextgate-policy"
 
 
-def policy_from_header(value: str | None, base: Policy) -> Policy:
-    """``base`` tuned by the header's keys; a bad header is a 400 that names the key."""
+def policy_from_header(value: str | None, base: Policy, bounds: PolicyBounds = UNBOUNDED) -> Policy:
+    """``base`` tuned by the header's keys within ``bounds``; a bad header is a 400 that
+    names the key and what it may be."""
     if not value:
         return base
     parsed = Dictionary()
@@ -46,7 +48,9 @@ def policy_from_header(value: str | None, base: Policy) -> Policy:
             )
         values[key] = _plain(member.value)
     try:
-        return Policy.from_mapping(values, base)
+        policy = Policy.from_mapping(values, base)
+        bounds.check(values)
+        return policy
     except PolicyError as exc:
         raise InvalidRequest(
             f"{POLICY_HEADER}: {exc}", code="invalid_policy", param=f"{POLICY_HEADER}.{exc.key}"

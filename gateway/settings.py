@@ -13,16 +13,18 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
 
-from pipelines import ModelInfo, Policy, PolicyError
+from pipelines import ModelInfo, Policy, PolicyBounds, PolicyError
 
 __all__ = [
     "ConfigError",
+    "LimitSettings",
     "Settings",
     "StoreSettings",
     "TenantSettings",
@@ -123,17 +125,48 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("store.breaker_failures must be >= 1, breaker_cooldown > 0")
 
 
+class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How much one tenant (in passthrough mode, one upstream key) may ask at once, counted
+    across replicas in Redis (in the process without Redis). Past a limit the answer is 429
+    with ``Retry-After``; when Redis cannot be asked, the request goes on (fail-open)."""
+
+    concurrency: int | None = None
+    """Requests in progress at once, a stream until its last event; ``None``: no limit."""
+    requests_per_minute: int | None = None
+    """Requests started per minute; a burst of as many is allowed at once, then they are
+    admitted evenly. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "requests_per_minute"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= 1_000_000:
+                raise ConfigError(f"limits.{name} must be between 1 and 1000000, or null")
+
+
 class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A team sharing the gateway: its gateway keys (as hashes), its upstream key, its
-    namespace for offloaded content."""
+    """A team sharing the gateway: its gateway keys (as hashes), its upstream credentials,
+    the models it may use, its policy and what its callers may tune, and its limits."""
 
     name: str
     """Lower-case letters, digits and dashes; names the tenant's namespace."""
     keys: tuple[str, ...]
     """Hashes of the tenant's gateway keys, as ``contextgate hash-key`` prints them."""
     upstream_api_key: str | None = None
-    """The key sent upstream for this tenant (by ``${ENV}`` reference); ``None``: the
-    global ``upstream.api_key``."""
+    """The key sent to the OpenAI-compatible upstream for this tenant (by ``${ENV}``
+    reference); ``None``: the global ``upstream.api_key``."""
+    anthropic_api_key: str | None = None
+    """The key sent to Anthropic for this tenant; ``None``: the global ``anthropic.api_key``."""
+    models: tuple[str, ...] = ("*",)
+    """Globs of the model names the tenant may use (``gpt-4o*``); others get 403. Summary
+    models too."""
+    policy: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The tenant's policy, by wire name, over the deployment's ``policy``."""
+    bounds: dict[str, Any] = msgspec.field(default_factory=dict)
+    """What the tenant's callers may tune with ``x-contextgate-policy``, within the
+    deployment's ``bounds``: ``[low, high]`` for a numeric key, the values allowed for
+    another, ``false`` for a key they may not set."""
+    limits: LimitSettings | None = None
+    """The tenant's limits; ``None``: the deployment's ``limits``."""
 
     def __post_init__(self) -> None:
         if not _TENANT_NAME.fullmatch(self.name):
@@ -148,8 +181,12 @@ class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     f"tenants[{self.name}]: {key[:12]!r}... is not a key hash; store"
                     " `contextgate hash-key` output (sha256:<64 hex digits>), never the key"
                 )
-        if self.upstream_api_key == "":
-            raise ConfigError(f"tenants[{self.name}]: upstream_api_key is empty")
+        for field in ("upstream_api_key", "anthropic_api_key"):
+            value = getattr(self, field)
+            if value is not None and (not value or not value.isascii()):
+                raise ConfigError(f"tenants[{self.name}]: {field} must be a non-empty ASCII key")
+        if not self.models or not all(self.models):
+            raise ConfigError(f"tenants[{self.name}]: models must list at least one glob")
 
 
 _TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
@@ -182,12 +219,28 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     later request of the conversation schedules its summary again)."""
     tenants: tuple[TenantSettings, ...] = ()
     """Teams sharing the gateway; none: passthrough mode (callers' own keys go upstream)."""
+    bounds: dict[str, Any] = msgspec.field(default_factory=dict)
+    """What every caller may tune with ``x-contextgate-policy`` (a tenant may narrow it):
+    ``[low, high]`` for a numeric key, the values allowed for another, ``false`` for a key
+    callers may not set. Keys not named keep their built-in range."""
+    limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
+    """Limits of each tenant that sets none of its own, and in passthrough mode of each
+    upstream key."""
+    body_timeout: float = 30.0
+    """Seconds a client may take to send its request body; then 408."""
+    max_header_bytes: int = 65_536
+    """Largest total size of a request's headers; larger gets 431."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
         if not 1 <= self.summary_workers <= 64 or not 1 <= self.summary_queue <= 10_000:
             raise ConfigError("summary_workers must be 1-64 and summary_queue 1-10000")
+        if not 0 < self.body_timeout <= 3_600:
+            raise ConfigError("body_timeout must be in (0, 3600] seconds")
+        if not 4_096 <= self.max_header_bytes <= 1_048_576:
+            raise ConfigError("max_header_bytes must be between 4096 and 1048576")
+        bounds = self.policy_bounds()
         names: set[str] = set()
         hashes: set[str] = set()
         for tenant in self.tenants:
@@ -202,12 +255,43 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     f"tenants[{tenant.name}]: no upstream key (set upstream_api_key, or"
                     " upstream.api_key for all); a tenant's gateway key is never sent upstream"
                 )
+            self.tenant_policy(tenant)
+            self.tenant_bounds(tenant, bounds)
 
     def default_policy(self) -> Policy:
+        """The deployment's policy: the built-in defaults with ``policy`` applied."""
         try:
             return Policy.from_mapping(self.policy)
         except PolicyError as exc:
             raise ConfigError(f"policy: {exc}") from exc
+
+    def policy_bounds(self) -> PolicyBounds:
+        try:
+            return PolicyBounds.from_mapping(self.bounds)
+        except PolicyError as exc:
+            raise ConfigError(f"bounds: {exc}") from exc
+
+    def tenant_policy(self, tenant: TenantSettings) -> Policy:
+        """``tenant``'s policy: its ``policy`` over the deployment's."""
+        try:
+            policy = Policy.from_mapping(tenant.policy, self.default_policy())
+        except PolicyError as exc:
+            raise ConfigError(f"tenants[{tenant.name}].policy: {exc}") from exc
+        if policy.summary_model is not None and not any(
+            fnmatchcase(policy.summary_model, glob) for glob in tenant.models
+        ):
+            raise ConfigError(
+                f"tenants[{tenant.name}].policy: summary-model {policy.summary_model!r} is not"
+                " one of the tenant's models"
+            )
+        return policy
+
+    def tenant_bounds(self, tenant: TenantSettings, outer: PolicyBounds) -> PolicyBounds:
+        """``tenant``'s bounds, within the deployment's ``outer`` ones."""
+        try:
+            return outer.narrowed(PolicyBounds.from_mapping(tenant.bounds))
+        except PolicyError as exc:
+            raise ConfigError(f"tenants[{tenant.name}].bounds: {exc}") from exc
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

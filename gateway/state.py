@@ -12,6 +12,7 @@ import httpx
 
 from gateway.anthropic import AnthropicUpstream
 from gateway.errors import InvalidRequest
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store import Stores
@@ -43,9 +44,10 @@ class Gateway:
     tenants: Tenants
     summaries: SummaryService
     anthropic: AnthropicUpstream
+    limiter: Limiter
+    metrics: Metrics
     summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
-    metrics: Metrics = field(default_factory=Metrics)
     structured_refused: set[str] = field(default_factory=set)
     """Models whose provider refused structured output for summaries."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
@@ -65,16 +67,17 @@ class Gateway:
 
     def upstream_key(self, caller: Caller, model: str) -> str | None:
         """The key to send instead of the caller's for ``model`` (``None``: the caller's
-        own). The Anthropic provider gets ``anthropic.api_key``, or in passthrough mode the
-        caller's own key; never the OpenAI upstream's key nor a tenant's gateway key."""
+        own). The Anthropic provider gets the tenant's or the global Anthropic key, or in
+        passthrough mode the caller's own key; never the OpenAI upstream's key nor a
+        tenant's gateway key."""
         if self.upstream_for(model) is not self.anthropic:
             return caller.upstream_key
-        if self.settings.anthropic.api_key:
-            return self.settings.anthropic.api_key
+        if caller.profile.anthropic_api_key:
+            return caller.profile.anthropic_api_key
         if caller.tenant is not None:
             raise InvalidRequest(
                 f"{model} is served by Anthropic, and this gateway has no Anthropic key"
-                " (anthropic.api_key)",
+                " for this tenant (anthropic.api_key, or the tenant's anthropic_api_key)",
                 code="provider_not_configured",
                 param="model",
             )
@@ -94,6 +97,7 @@ class Gateway:
     ) -> Gateway:
         catalog = ModelCatalog().extended(settings.models)
         stores = Stores.build(settings)
+        metrics = Metrics()
         return cls(
             settings=settings,
             pipeline=Pipeline(catalog=catalog, store=stores.objects),
@@ -101,6 +105,8 @@ class Gateway:
             default_policy=settings.default_policy(),
             stores=stores,
             tenants=Tenants(settings),
+            limiter=Limiter(stores.redis, metrics),
+            metrics=metrics,
             anthropic=AnthropicUpstream(
                 settings.anthropic,
                 settings.upstream,

@@ -11,7 +11,7 @@ from pipelines.catalog import ModelCatalog, ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreError
 from pipelines.pipeline import CompactResult, Pipeline, compact
-from pipelines.policy import Policy
+from pipelines.policy import Policy, PolicyBounds
 from pipelines.report import Report, StageReport
 from pipelines.session import ConversationState, conversation_id
 from pipelines.stage import OffloadStore, Stage, StageContext, Summarizer
@@ -32,6 +32,7 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "Policy",
+    "PolicyBounds",
     "PolicyError",
     "Report",
     "RequestRejected",

@@ -2,7 +2,9 @@
 
 Keys are spelled as on the wire (``x-contextgate-policy: trigger=0.7, keep-images=2``);
 the attributes use underscores. ``Policy.from_mapping`` validates a partial mapping on top
-of a base policy and names the offending key in its error.
+of a base policy and names the offending key in its error. ``PolicyBounds`` says what a
+caller may tune: a deployment or a tenant narrows the built-in ``BOUNDS`` of a numeric key,
+lists the values a key may take, or locks a key so that only the configuration sets it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Final, Literal
 
 from pipelines.errors import PolicyError
 
-__all__ = ["BOUNDS", "Mode", "Policy"]
+__all__ = ["BOUNDS", "UNBOUNDED", "Mode", "Policy", "PolicyBounds"]
 
 Mode = Literal["summarize", "truncate", "off"]
 _MODES: Final = ("summarize", "truncate", "off")
@@ -170,3 +172,118 @@ def _coerce(key: str, kind: type, value: Any) -> Any:
             raise PolicyError(key, f"must be a whole number, got {value!r}")
         return int(value)
     return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyBounds:
+    """What callers may ask for, key by key (wire names), within the built-in ``BOUNDS``.
+
+    In configuration form (``PolicyBounds.from_mapping``) a numeric key takes
+    ``[low, high]``, any other key the list of values it may take, and ``false`` locks a
+    key: callers may not send it at all. Keys not named keep their built-in range.
+    """
+
+    ranges: Mapping[str, tuple[float, float]]
+    """Numeric keys narrowed to an inclusive range."""
+    choices: Mapping[str, tuple[Any, ...]]
+    """Keys that may only take one of these values."""
+    locked: frozenset[str]
+    """Keys a caller may not set."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> PolicyBounds:
+        """Bounds from their configuration form; ``PolicyError`` names a bad key."""
+        ranges: dict[str, tuple[float, float]] = {}
+        choices: dict[str, tuple[Any, ...]] = {}
+        locked: set[str] = set()
+        for key, bound in values.items():
+            name = key.replace("-", "_")
+            kind = _FIELD_TYPES.get(name) if "_" not in key else None
+            if kind is None:
+                known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
+                raise PolicyError(key, f"unknown key; known keys: {known}")
+            if bound is False:
+                locked.add(key)
+            elif name in BOUNDS:
+                ranges[key] = _range(key, bound, BOUNDS[name])
+            elif isinstance(bound, list | tuple) and bound:
+                choices[key] = tuple(_coerce(key, kind, value) for value in bound)
+                for value in choices[key]:
+                    Policy.from_mapping({key: value})
+            else:
+                raise PolicyError(key, "bounds must list the values allowed, or be false")
+        return cls(ranges, choices, frozenset(locked))
+
+    def narrowed(self, inner: PolicyBounds) -> PolicyBounds:
+        """These bounds further narrowed by ``inner`` (a tenant's, within the deployment's);
+        ``PolicyError`` when ``inner`` allows something these do not."""
+        ranges = dict(self.ranges)
+        for key, (low, high) in inner.ranges.items():
+            outer_low, outer_high = ranges.get(key, BOUNDS[key.replace("-", "_")])
+            if low < outer_low or high > outer_high:
+                raise PolicyError(
+                    key, f"[{low:g}, {high:g}] is wider than [{outer_low:g}, {outer_high:g}]"
+                )
+            ranges[key] = (low, high)
+        choices = dict(self.choices)
+        for key, allowed in inner.choices.items():
+            if key in choices and set(allowed) - set(choices[key]):
+                raise PolicyError(key, f"allows values the deployment does not: {allowed}")
+            choices[key] = allowed
+        return PolicyBounds(ranges, choices, self.locked | inner.locked)
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """``PolicyError`` naming the first of ``values`` (wire names, as sent) that is
+        locked or outside these bounds, with what is allowed."""
+        for key, value in values.items():
+            if key in self.locked:
+                raise PolicyError(
+                    key, "is set by the gateway's configuration; callers may not change it"
+                )
+            bound = self.ranges.get(key)
+            if bound is not None and isinstance(value, int | float) and not isinstance(value, bool):
+                low, high = bound
+                if not low <= value <= high:
+                    raise PolicyError(key, f"must be between {low:g} and {high:g}, got {value}")
+            allowed = self.choices.get(key)
+            if allowed is not None and value not in allowed:
+                listed = ", ".join(_shown(v) for v in allowed)
+                raise PolicyError(key, f"must be one of {listed}, got {_shown(value)}")
+
+    def as_wire(self) -> dict[str, Any]:
+        """The bounds of every key as callers see them (for documentation and tests)."""
+        shown: dict[str, Any] = {}
+        for name in _FIELD_TYPES:
+            key = _wire(name)
+            if key in self.locked:
+                shown[key] = False
+            elif key in self.choices:
+                shown[key] = list(self.choices[key])
+            elif name in BOUNDS:
+                shown[key] = list(self.ranges.get(key, BOUNDS[name]))
+        return shown
+
+
+UNBOUNDED: Final = PolicyBounds({}, {}, frozenset())
+"""The built-in bounds only."""
+
+
+def _range(key: str, bound: Any, limits: tuple[float, float]) -> tuple[float, float]:
+    if (
+        not isinstance(bound, list | tuple)
+        or len(bound) != 2
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in bound)
+    ):
+        raise PolicyError(key, f"bounds must be [low, high], got {bound!r}")
+    low, high = float(bound[0]), float(bound[1])
+    if not limits[0] <= low <= high <= limits[1]:
+        raise PolicyError(
+            key, f"bounds [{low:g}, {high:g}] must lie within [{limits[0]:g}, {limits[1]:g}]"
+        )
+    return low, high
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "?1" if value else "?0"
+    return str(value)

@@ -14,13 +14,13 @@ __all__ = ["healthz", "readyz"]
 _JSON = "application/json"
 
 
-@get("/healthz")
+@get("/healthz", opt={"public": True})
 async def healthz() -> ASGIResponse:
     """The process is up and its event loop answers."""
     return ASGIResponse(body=b'{"status":"ok"}', media_type=_JSON)
 
 
-@get("/readyz")
+@get("/readyz", opt={"public": True})
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Ready to serve. A configured Redis that does not answer makes the gateway
     ``degraded`` (it still serves, keeping content rather than offloading it), not unready.

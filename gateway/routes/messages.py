@@ -25,7 +25,6 @@ import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.client import read_body
 from gateway.codecs.anthropic_inbound import (
     EventTranslator,
     error_body,
@@ -35,7 +34,7 @@ from gateway.codecs.anthropic_inbound import (
     parse_request,
     to_request,
 )
-from gateway.compaction import compact_request
+from gateway.compaction import compact_request, request_body
 from gateway.errors import GatewayError
 from gateway.exchange import Buffered, exchange, with_restore
 from gateway.headers import report_headers
@@ -60,9 +59,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
-    raw = await read_body(
-        request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
-    )
+    raw = await request_body(request)
     inbound = parse_request(raw)
     chat = await compact_request(request, body=inbound.chat)
     model = str(inbound.chat.get("model", ""))
@@ -119,9 +116,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     count for ``claude-*`` models, the gateway's for the others."""
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
-    raw = await read_body(
-        request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
-    )
+    raw = await request_body(request)
     inbound = parse_request(raw, counting=True)
     chat = await compact_request(request, dry_run=True, body=inbound.chat)
     report = chat.result.report

@@ -13,7 +13,7 @@ from gateway.state import Gateway
 __all__ = ["metrics"]
 
 
-@get("/metrics", sync_to_thread=False)
+@get("/metrics", sync_to_thread=False, opt={"public": True})
 def metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The metrics in Prometheus' text format."""
     gateway: Gateway = request.app.state.gateway

@@ -24,7 +24,7 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
     request_id = request.state.request_id = new_request_id()
-    caller = await caller_of(request)
+    caller = caller_of(request)
     headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
     own_ms = (perf_counter() - started) * 1000
     upstream = gateway.upstream

@@ -40,7 +40,7 @@ async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
     ref: str = request.path_params["ref"]
     request_id = request.state.request_id = new_request_id()
     gateway: Gateway = request.app.state.gateway
-    namespace = (await caller_of(request)).namespace
+    namespace = caller_of(request).namespace
     start = _line_param(request.query_params.get("start_line"), "start_line")
     end = _line_param(request.query_params.get("end_line"), "end_line")
     if start is not None and end is not None and end < start:

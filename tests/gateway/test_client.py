@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.client import read_body, while_connected
-from gateway.errors import ClientDisconnected, PayloadTooLarge
+from gateway.errors import ClientDisconnected, PayloadTooLarge, RequestTimeout
 
 
 def channel(*messages: dict[str, Any], then_wait: bool = True) -> Any:
@@ -31,20 +31,20 @@ async def test_body_in_chunks_is_joined() -> None:
         {"type": "http.request", "body": b"ab", "more_body": True},
         {"type": "http.request", "body": b"cd"},
     )
-    assert await read_body(receive, None, 10) == b"abcd"
+    assert await read_body(receive, None, 10, within=5) == b"abcd"
 
 
 async def test_body_over_limit_is_refused_early() -> None:
     """A Content-Length over the limit is refused before reading; so is a streamed body
     once it passes the limit."""
     with pytest.raises(PayloadTooLarge):
-        await read_body(channel(), "11", 10)
+        await read_body(channel(), "11", 10, within=5)
     streamed = channel(
         {"type": "http.request", "body": b"x" * 8, "more_body": True},
         {"type": "http.request", "body": b"x" * 8, "more_body": True},
     )
     with pytest.raises(PayloadTooLarge):
-        await read_body(streamed, None, 10)
+        await read_body(streamed, None, 10, within=5)
 
 
 async def test_disconnect_mid_body_is_499() -> None:
@@ -53,7 +53,14 @@ async def test_disconnect_mid_body_is_499() -> None:
         {"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}
     )
     with pytest.raises(ClientDisconnected):
-        await read_body(receive, None, 10)
+        await read_body(receive, None, 10, within=5)
+
+
+async def test_slow_body_is_408() -> None:
+    """A body still incomplete when its time is up is RequestTimeout, not a hang."""
+    receive = channel({"type": "http.request", "body": b"{", "more_body": True})
+    with pytest.raises(RequestTimeout):
+        await read_body(receive, None, 10, within=0.05)
 
 
 async def test_work_is_cancelled_when_the_client_leaves() -> None:

@@ -1,0 +1,47 @@
+"""Admission: every route that is not marked public (``opt={"public": True}``: the health
+checks and ``/metrics``) runs behind it.
+
+Before the route handler, it refuses oversized headers (431), identifies the caller from
+its credentials (``gateway.auth``; 401 when tenants are configured and the key is not
+known) and takes a slot within the caller's limits (429 with ``Retry-After``). The decision
+rests on the route Litestar matched for the request's path, never on ``Host`` or
+``X-Forwarded-*``. The slot is given back when the response is over: a stream at its last
+event, however the exchange ends.
+"""
+
+from __future__ import annotations
+
+import anyio
+from litestar.datastructures import Headers
+from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from gateway.auth import identify
+from gateway.errors import HeadersTooLarge
+from gateway.state import Gateway
+from gateway.store.redis import namespace_id
+
+__all__ = ["Admission"]
+
+
+class Admission(ASGIMiddleware):
+    scopes = (ScopeType.HTTP,)
+    exclude_opt_key = "public"
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        gateway: Gateway = scope["litestar_app"].state.gateway
+        limit = gateway.settings.max_header_bytes
+        if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
+            raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")
+        caller = await identify(gateway, Headers.from_scope(scope))
+        scope.setdefault("state", {})["caller"] = caller
+        tenant = caller.tenant
+        key = "t:" + tenant if tenant is not None else namespace_id(caller.namespace)
+        lease = await gateway.limiter.admit(key, tenant or "passthrough", caller.profile.limits)
+        try:
+            await next_app(scope, receive, send)
+        finally:
+            if lease is not None:
+                with anyio.CancelScope(shield=True):
+                    await lease.release()
