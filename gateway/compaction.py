@@ -8,6 +8,7 @@ was too long for its window anyway, the same request is compacted again to half 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -36,11 +37,17 @@ __all__ = [
     "ChatRequest",
     "compact_request",
     "recompact",
+    "refuse_upstream_choice",
     "request_body",
 ]
 
 CONVERSATION_HEADER: Final = "x-contextgate-conversation"
 _CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
+UPSTREAM_CHOICES: Final = frozenset(
+    {"api_base", "base_url", "api_key", "api_host", "azure_endpoint", "custom_llm_provider"}
+)
+"""Body fields with which other gateways let a request pick its upstream or credentials
+(the classic gateway SSRF): refused, so that no upstream that reads them gets them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,7 @@ async def compact_request(
     if body is None:
         raw = await request_body(request)
         body = parse_chat_request(raw)
+    refuse_upstream_choice(body)
     policy = policy_from_header(
         request.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
     )
@@ -120,6 +128,19 @@ async def request_body(request: Request[Any, Any, Any]) -> bytes:
         settings.max_body_bytes,
         within=settings.body_timeout,
     )
+
+
+def refuse_upstream_choice(fields: Mapping[str, Any]) -> None:
+    """400 when a request's body tries to choose the upstream or its credentials."""
+    named = UPSTREAM_CHOICES.intersection(fields)
+    if named:
+        field = min(named)
+        raise InvalidRequest(
+            f"'{field}' cannot be set by a request: the gateway's configuration chooses"
+            " the upstream and its credentials.",
+            code="unsupported_parameter",
+            param=field,
+        )
 
 
 def _check_models(caller: Caller, model: str, policy: Policy) -> None:

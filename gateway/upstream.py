@@ -67,6 +67,15 @@ _NOT_RELAYED: Final = HOP_BY_HOP | {
 }
 
 
+def _without_key(body: bytes, headers: Mapping[str, str]) -> bytes:
+    for name in ("authorization", "x-api-key"):
+        value = headers.get(name, "")
+        key = value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
+        if len(key) >= 8 and key.encode() in body:
+            body = body.replace(key.encode(), b"[redacted]")
+    return body
+
+
 def upstream_request_headers(
     client_headers: Iterable[tuple[str, str]], api_key: str | None
 ) -> dict[str, str]:
@@ -124,7 +133,9 @@ class ResponseReading:
     __slots__ = ()
 
     async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
-        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it."""
+        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it.
+        An error body never carries the key the request was sent with: providers echo
+        it, and with tenants that key is the gateway's, not the caller's."""
         chunks: list[bytes] = []
         size = 0
         try:
@@ -139,6 +150,8 @@ class ResponseReading:
         finally:
             await response.aclose()
         body = b"".join(chunks)
+        if not response.is_success:
+            body = _without_key(body, response.request.headers)
         return body if limit is None else body[:limit]
 
     async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:

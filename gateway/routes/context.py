@@ -17,9 +17,17 @@ __all__ = ["compact_dry_run"]
 
 @post("/v1/context/compact", status_code=200)
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
-    """Returns ``{"request": <what would be sent>, "report": <what each stage did>}``."""
+    """Returns ``{"request": <what would be sent>, "report": <what each stage did>,
+    "policy": <the policy it ran under, every key resolved>}``."""
     request_id = request.state.request_id = new_request_id()
-    result = (await compact_request(request, dry_run=True)).result
-    body = orjson.dumps({"request": result.request, "report": result.report.as_dict()})
+    chat = await compact_request(request, dry_run=True)
+    result = chat.result
+    body = orjson.dumps(
+        {
+            "request": result.request,
+            "report": result.report.as_dict(),
+            "policy": chat.policy.as_wire(),
+        }
+    )
     headers = report_headers(request_id, result.report, result.report.ms)
     return ASGIResponse(body=body, media_type="application/json", headers=headers)

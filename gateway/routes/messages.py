@@ -34,7 +34,7 @@ from gateway.codecs.anthropic_inbound import (
     parse_request,
     to_request,
 )
-from gateway.compaction import compact_request, request_body
+from gateway.compaction import compact_request, refuse_upstream_choice, request_body
 from gateway.errors import GatewayError
 from gateway.exchange import Buffered, exchange, with_restore
 from gateway.headers import report_headers
@@ -61,6 +61,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     request_id = request.state.request_id = new_request_id()
     raw = await request_body(request)
     inbound = parse_request(raw)
+    refuse_upstream_choice(inbound.native)
     chat = await compact_request(request, body=inbound.chat)
     model = str(inbound.chat.get("model", ""))
     headers = upstream_request_headers(

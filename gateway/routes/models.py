@@ -1,10 +1,12 @@
-"""``GET /v1/models``: the upstream's model list, relayed with the caller's credentials."""
+"""``GET /v1/models``: the upstream's model list, relayed with the caller's credentials,
+and with tenants only the models the caller's tenant may use."""
 
 from __future__ import annotations
 
 from time import perf_counter
 from typing import Any
 
+import orjson
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
@@ -13,7 +15,8 @@ from gateway.client import while_connected
 from gateway.headers import report_headers
 from gateway.relay import buffered_response
 from gateway.state import Gateway, new_request_id
-from gateway.upstream import upstream_request_headers
+from gateway.tenants import Profile
+from gateway.upstream import json_answer, upstream_request_headers
 
 __all__ = ["list_models"]
 
@@ -33,4 +36,17 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     )
     limit = None if response.is_success else upstream.settings.max_error_body_bytes
     body = await while_connected(request.receive, upstream.read_body(response, limit))
+    if response.is_success and caller.profile.models != ("*",):
+        body = _allowed(body, caller.profile)
     return buffered_response(response, body, report_headers(request_id, None, own_ms))
+
+
+def _allowed(body: bytes, profile: Profile) -> bytes:
+    """The list in ``body`` without the models ``profile`` may not use."""
+    listing = json_answer(body, "a model list", listing="data")
+    listing["data"] = [
+        entry
+        for entry in listing["data"]
+        if isinstance(entry, dict) and profile.allows(str(entry.get("id", "")))
+    ]
+    return orjson.dumps(listing)

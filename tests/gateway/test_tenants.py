@@ -6,14 +6,25 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
-from gateway.settings import ConfigError, Settings, TenantSettings, UpstreamSettings
+from gateway.auth import credential_of
+from gateway.settings import (
+    AnthropicSettings,
+    ConfigError,
+    LimitSettings,
+    Settings,
+    TenantSettings,
+    UpstreamSettings,
+)
 from gateway.tenants import hash_key
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
@@ -109,6 +120,35 @@ def test_tenant_configuration_is_checked() -> None:
         )
 
 
+def test_tenant_policy_bounds_and_models_are_checked_at_start() -> None:
+    """A tenant's policy, bounds and models are refused at start-up with the field named:
+    bounds wider than the deployment's, an unknown key, a summary model it may not use."""
+    upstream = UpstreamSettings(api_key="sk-x")
+    alpha = (hash_key(ALPHA),)
+    cases: list[tuple[dict[str, Any], dict[str, Any], str]] = [
+        (
+            {"bounds": {"max-input": [8000, 64000]}},
+            {"bounds": {"max-input": [4000, 9000]}},
+            "wider",
+        ),
+        ({}, {"bounds": {"keep_images": [0, 2]}}, "unknown key"),
+        ({}, {"bounds": {"trigger": [0.5]}}, r"\[low, high\]"),
+        ({}, {"models": ("gpt-4o*",), "policy": {"summary-model": "o3-mini"}}, "summary-model"),
+        ({}, {"policy": {"trigger": 2}}, "between 0.05 and 1"),
+        ({}, {"limits": {"concurrency": 0}}, "concurrency"),
+    ]
+    for deployment, tenant, says in cases:
+        with pytest.raises(ConfigError, match=says):
+            fields = dict(tenant)
+            if "limits" in fields:
+                fields["limits"] = LimitSettings(**fields["limits"])
+            Settings(
+                upstream=upstream,
+                tenants=(TenantSettings("alpha", alpha, **fields),),
+                **deployment,
+            )
+
+
 def test_hash_key_command() -> None:
     printed = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "hash-key"],
@@ -126,3 +166,194 @@ def test_hash_key_command() -> None:
     ).stdout.split()
     assert len(new) == 2
     assert hash_key(new[0]) == new[1]
+
+
+# -- what each tenant may do -----------------------------------------------------------------
+
+GAMMA = "cg-gamma-key-0123456789abcdef"
+GAMMA_OLD = "cg-gamma-old-key-0123456789ab"
+
+
+CLAUDE_ANSWER = {
+    "id": "msg_01",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-6",
+    "content": [{"type": "text", "text": "Hello."}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 20, "output_tokens": 2},
+}
+
+
+def gamma_settings(upstream: MockUpstream, redis_url: str, *keys: str) -> Settings:
+    """Gamma may use gpt-4o models and Claude, runs in truncate mode, and its callers may
+    tune max-input only within 8,000-64,000, mode only to truncate or off, and never the
+    summary model. Beta, the shared tenant, has the built-in bounds."""
+    return Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url, api_key="sk-shared-upstream"),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        redis_url=redis_url,
+        summaries=False,
+        tenants=(
+            TenantSettings(
+                "gamma",
+                tuple(hash_key(key) for key in keys),
+                anthropic_api_key="sk-ant-gamma-upstream",
+                models=("gpt-4o*", "claude-*"),
+                policy={"mode": "truncate", "keep-images": 1},
+                bounds={
+                    "max-input": [8000, 64000],
+                    "mode": ["truncate", "off"],
+                    "summary-model": False,
+                },
+            ),
+            TenantSettings("beta", (hash_key(BETA),)),
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def gamma(mock_upstream: MockUpstream, redis_url: str) -> Iterator[GatewayServer]:
+    with GatewayServer(gamma_settings(mock_upstream, redis_url, GAMMA, GAMMA_OLD)) as server:
+        yield server
+
+
+def dry_run(gateway: GatewayServer, key: str, policy: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"}
+    if policy is not None:
+        headers["x-contextgate-policy"] = policy
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello."}]}
+    return httpx.post(f"{gateway.base_url}/context/compact", json=body, headers=headers)
+
+
+def test_a_model_outside_the_tenant_list_is_403_in_each_envelope(
+    gamma: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Gamma's key cannot use a model its tenant does not list, on either API, and the
+    request never reaches the upstream."""
+    client = openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        client.chat.completions.create(
+            model="o3-mini", messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert refused.value.code == "model_not_allowed"
+    assert "o3-mini" in refused.value.message
+    claude = anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as denied:
+        claude.messages.create(
+            model="gpt-3.5-turbo", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert denied.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    assert upstream.received == []
+
+
+def test_models_lists_only_what_the_tenant_may_use(
+    gamma: GatewayServer, upstream: MockUpstream
+) -> None:
+    """GET /v1/models shows gamma the upstream's models its globs admit; beta sees all."""
+    listing = {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": 1, "owned_by": "mock"}
+            for name in ("gpt-4o", "gpt-4o-mini", "o3-mini", "text-embedding-3-small")
+        ],
+    }
+    upstream.push(JSONReply(listing), JSONReply(listing))
+    mine = openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA).models.list()
+    assert [m.id for m in mine.data] == ["gpt-4o", "gpt-4o-mini"]
+    shared = openai.OpenAI(base_url=gamma.base_url, api_key=BETA).models.list()
+    assert len(shared.data) == 4
+    assert upstream.received[0].headers["authorization"] == "Bearer sk-shared-upstream"
+
+
+def test_policy_resolves_built_in_then_tenant_then_header(gamma: GatewayServer) -> None:
+    """A request runs under the built-in defaults, overridden by its tenant's policy, then
+    by its header, as the dry run reports."""
+    policy = dry_run(gamma, GAMMA).json()["policy"]
+    assert (policy["mode"], policy["keep-images"], policy["trigger"]) == ("truncate", 1, 0.7)
+    tuned = dry_run(gamma, GAMMA, "mode=off, max-input=9000, keep-images=3").json()["policy"]
+    assert (tuned["mode"], tuned["max-input"], tuned["keep-images"]) == ("off", 9000, 3)
+    assert dry_run(gamma, BETA).json()["policy"]["mode"] == "summarize"
+
+
+@pytest.mark.parametrize(
+    ("header", "key", "says"),
+    [
+        ("max-input=100000", "max-input", "between 8000 and 64000"),
+        ("max-input=4000", "max-input", "between 8000 and 64000"),
+        ("mode=summarize", "mode", "one of truncate, off"),
+        ("summary-model=gpt-4o", "summary-model", "callers may not change it"),
+    ],
+)
+def test_a_tenant_bound_refuses_the_header_naming_key_and_range(
+    gamma: GatewayServer, header: str, key: str, says: str
+) -> None:
+    """Gamma's bounds turn a header value outside them into a 400 naming the key and
+    what it may be; beta, with the built-in bounds, may send the same value."""
+    refused = dry_run(gamma, GAMMA, header)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_policy"
+    assert error["param"] == f"x-contextgate-policy.{key}"
+    assert says in error["message"]
+    assert dry_run(gamma, BETA, header).status_code == 200
+
+
+def test_each_tenant_sends_its_own_anthropic_key(
+    gamma: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Claude requests go with the tenant's own Anthropic key; a tenant without one (and no
+    global key) is told the provider is not configured."""
+    upstream.push(JSONReply(CLAUDE_ANSWER))
+    client = anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0)
+    client.messages.create(
+        model="claude-sonnet-4-6", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+    )
+    sent = upstream.received[-1].headers
+    assert credential_of(sent) == "sk-ant-gamma-upstream"
+    assert GAMMA not in orjson.dumps(sent).decode()
+    beta = openai.OpenAI(base_url=gamma.base_url, api_key=BETA, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        beta.chat.completions.create(
+            model="claude-sonnet-4-6", messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert refused.value.code == "provider_not_configured"
+
+
+def test_a_tenant_conversation_is_invisible_to_another(
+    gamma: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The same conversation id names two conversations under two tenants: gamma's record
+    (which predicts a cache break when its system prompt changes) is not beta's."""
+    conversation = {"x-contextgate-conversation": "shared-name-1"}
+
+    def send(key: str, system: str) -> httpx.Response:
+        upstream.push(JSONReply(chat_completion()))
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+        return httpx.post(
+            f"{gamma.base_url}/chat/completions",
+            json={"model": "gpt-4o", "messages": messages},
+            headers={"authorization": f"Bearer {key}", **conversation},
+        )
+
+    assert "x-contextgate-cache-break" not in send(GAMMA, "You are terse.").headers
+    time.sleep(0.3)  # the record is stored in the background
+    assert send(GAMMA, "You are verbose.").headers["x-contextgate-cache-break"] == "system"
+    assert "x-contextgate-cache-break" not in send(BETA, "You are chatty.").headers
+
+
+def test_a_revoked_key_is_401_and_the_tenant_keeps_its_objects(
+    gamma: GatewayServer, upstream: MockUpstream, redis_url: str
+) -> None:
+    """A key removed from the tenant's list is refused by a gateway started without it,
+    while the tenant's other key still reads what the old key offloaded."""
+    upstream.push(JSONReply(chat_completion()))
+    assert chat(gamma, GAMMA_OLD, OUTPUT).status_code == 200
+    ref = REF.search(upstream.received[-1].body.decode()).group()  # type: ignore[union-attr]
+    with GatewayServer(gamma_settings(upstream, redis_url, GAMMA)) as revoked:
+        refused = chat(revoked, GAMMA_OLD, "short")
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+        kept = httpx.get(f"{revoked.base_url}/context/objects/{ref}", headers={"x-api-key": GAMMA})
+        assert kept.content == OUTPUT.encode()
