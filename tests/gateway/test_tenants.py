@@ -232,15 +232,19 @@ def test_a_model_outside_the_tenant_list_is_403_in_each_envelope(
 ) -> None:
     """Gamma's key cannot use a model its tenant does not list, on either API, and the
     request never reaches the upstream."""
-    client = openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA, max_retries=0)
-    with pytest.raises(openai.PermissionDeniedError) as refused:
+    with (
+        openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA, max_retries=0) as client,
+        pytest.raises(openai.PermissionDeniedError) as refused,
+    ):
         client.chat.completions.create(
             model="o3-mini", messages=[{"role": "user", "content": "Hi"}]
         )
     assert refused.value.code == "model_not_allowed"
     assert "o3-mini" in refused.value.message
-    claude = anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0)
-    with pytest.raises(anthropic.PermissionDeniedError) as denied:
+    with (
+        anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0) as claude,
+        pytest.raises(anthropic.PermissionDeniedError) as denied,
+    ):
         claude.messages.create(
             model="gpt-3.5-turbo", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
         )
@@ -260,10 +264,10 @@ def test_models_lists_only_what_the_tenant_may_use(
         ],
     }
     upstream.push(JSONReply(listing), JSONReply(listing))
-    mine = openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA).models.list()
-    assert [m.id for m in mine.data] == ["gpt-4o", "gpt-4o-mini"]
-    shared = openai.OpenAI(base_url=gamma.base_url, api_key=BETA).models.list()
-    assert len(shared.data) == 4
+    with openai.OpenAI(base_url=gamma.base_url, api_key=GAMMA) as client:
+        assert [m.id for m in client.models.list().data] == ["gpt-4o", "gpt-4o-mini"]
+    with openai.OpenAI(base_url=gamma.base_url, api_key=BETA) as client:
+        assert len(client.models.list().data) == 4
     assert upstream.received[0].headers["authorization"] == "Bearer sk-shared-upstream"
 
 
@@ -306,15 +310,17 @@ def test_each_tenant_sends_its_own_anthropic_key(
     """Claude requests go with the tenant's own Anthropic key; a tenant without one (and no
     global key) is told the provider is not configured."""
     upstream.push(JSONReply(CLAUDE_ANSWER))
-    client = anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0)
-    client.messages.create(
-        model="claude-sonnet-4-6", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
-    )
+    with anthropic.Anthropic(base_url=gamma.url, api_key=GAMMA, max_retries=0) as claude:
+        claude.messages.create(
+            model="claude-sonnet-4-6", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        )
     sent = upstream.received[-1].headers
     assert credential_of(sent) == "sk-ant-gamma-upstream"
     assert GAMMA not in orjson.dumps(sent).decode()
-    beta = openai.OpenAI(base_url=gamma.base_url, api_key=BETA, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as refused:
+    with (
+        openai.OpenAI(base_url=gamma.base_url, api_key=BETA, max_retries=0) as beta,
+        pytest.raises(openai.BadRequestError) as refused,
+    ):
         beta.chat.completions.create(
             model="claude-sonnet-4-6", messages=[{"role": "user", "content": "Hi"}]
         )
