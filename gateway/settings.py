@@ -294,6 +294,18 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError(f"tenants[{tenant.name}].bounds: {exc}") from exc
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with the 1.2 booleans only: ``mode: off`` is the string ``off``, not false."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -333,7 +345,7 @@ def load_settings(
         except OSError as exc:
             raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
         try:
-            loaded = _substitute(yaml.safe_load(text), env)
+            loaded = _substitute(yaml.load(text, Loader=_Loader), env)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):

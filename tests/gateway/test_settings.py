@@ -103,3 +103,25 @@ def test_example_configuration_loads() -> None:
     assert settings.upstream.base_url == "https://api.openai.com/v1"
     assert settings.redis_url is None
     assert settings.models[0].pattern == "my-vllm-*"
+
+
+def test_example_tenant_loads_when_uncommented(tmp_path: Path) -> None:
+    """The commented tenant in the example file is a valid tenant as it stands."""
+    example = Path(__file__).resolve().parents[2] / "contextgate.example.yaml"
+    lines = example.read_text().splitlines()
+    start = lines.index("# tenants:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:])
+    text = "\n".join(block).replace("<64 hex digits>", "0" * 64)
+    (tmp_path / "tenants.yaml").write_text(text)
+    environ = {"SEARCH_TEAM_OPENAI_KEY": "sk-a", "SEARCH_TEAM_ANTHROPIC_KEY": "sk-ant-b"}
+    tenant = load_settings(tmp_path / "tenants.yaml", environ=environ).tenants[0]
+    assert (tenant.name, tenant.models, tenant.limits.concurrency) == (  # type: ignore[union-attr]
+        "search-team",
+        ("gpt-4o*", "claude-sonnet-*"),
+        16,
+    )
+    assert tenant.bounds["summary-model"] is False
