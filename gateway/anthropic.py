@@ -36,7 +36,7 @@ from gateway.errors import (
 )
 from gateway.settings import AnthropicSettings, UpstreamSettings
 from gateway.sse import close, event_data
-from gateway.upstream import ResponseReading, json_answer
+from gateway.upstream import ResponseReading, json_answer, redacted
 
 __all__ = ["AnthropicUpstream"]
 
@@ -138,7 +138,8 @@ class AnthropicUpstream(ResponseReading):
     async def _raw(
         self, path: str, content: bytes, headers: Mapping[str, str], *, stream: bool
     ) -> httpx.Response:
-        client = self._client.with_options(api_key=_key(headers))
+        key = _key(headers)
+        client = self._client.with_options(api_key=key)
         extra = {name: headers[name] for name in _PASSED if name in headers}
         extra["content-type"] = "application/json"
         try:
@@ -153,7 +154,7 @@ class AnthropicUpstream(ResponseReading):
             return httpx.Response(
                 exc.status_code,
                 headers=_relayed(exc.response.headers),
-                content=exc.response.content,
+                content=redacted(exc.response.content, key),
             )
         except anthropic.APITimeoutError as exc:
             raise UpstreamTimeout("The upstream did not answer in time.") from exc

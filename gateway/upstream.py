@@ -34,6 +34,7 @@ __all__ = [
     "Upstream",
     "is_context_overflow",
     "json_answer",
+    "redacted",
     "relayable_response_headers",
     "upstream_request_headers",
 ]
@@ -67,13 +68,20 @@ _NOT_RELAYED: Final = HOP_BY_HOP | {
 }
 
 
-def _without_key(body: bytes, headers: Mapping[str, str]) -> bytes:
-    for name in ("authorization", "x-api-key"):
-        value = headers.get(name, "")
-        key = value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
-        if len(key) >= 8 and key.encode() in body:
-            body = body.replace(key.encode(), b"[redacted]")
+def redacted(body: bytes, key: str | None) -> bytes:
+    """``body`` with every occurrence of ``key`` replaced by ``[redacted]``."""
+    if key and len(key) >= 8 and key.encode() in body:
+        return body.replace(key.encode(), b"[redacted]")
     return body
+
+
+def _sent_key(response: httpx.Response) -> str | None:
+    try:
+        headers = response.request.headers
+    except RuntimeError:  # a response the gateway made itself (providers redact their own)
+        return None
+    value = headers.get("authorization") or headers.get("x-api-key") or ""
+    return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
 
 
 def upstream_request_headers(
@@ -151,7 +159,7 @@ class ResponseReading:
             await response.aclose()
         body = b"".join(chunks)
         if not response.is_success:
-            body = _without_key(body, response.request.headers)
+            body = redacted(body, _sent_key(response))
         return body if limit is None else body[:limit]
 
     async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:

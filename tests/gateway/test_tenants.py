@@ -363,3 +363,41 @@ def test_a_revoked_key_is_401_and_the_tenant_keeps_its_objects(
         assert refused.json()["error"]["code"] == "invalid_api_key"
         kept = httpx.get(f"{revoked.base_url}/context/objects/{ref}", headers={"x-api-key": GAMMA})
         assert kept.content == OUTPUT.encode()
+
+
+def test_an_upstream_error_never_echoes_the_tenant_key(
+    gamma: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Providers quote the key in a 401; the tenant's caller gets the error with the
+    gateway's key (OpenAI's or Anthropic's) redacted, on both APIs."""
+    openai_error = {
+        "error": {
+            "message": "Incorrect API key provided: sk-shared-upstream. Find your key at ...",
+            "type": "invalid_request_error",
+            "code": "invalid_api_key",
+        }
+    }
+    claude_error = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "bad key sk-ant-gamma-upstream"},
+    }
+    upstream.push(JSONReply(openai_error, status=401), JSONReply(claude_error, status=401))
+    relayed = httpx.post(
+        f"{gamma.base_url}/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]},
+        headers={"authorization": f"Bearer {BETA}"},
+    )
+    claude = httpx.post(
+        f"{gamma.url}/v1/messages",
+        json={
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": "Hi"}],
+        },
+        headers={"x-api-key": GAMMA},
+    )
+    assert (relayed.status_code, claude.status_code) == (401, 401)
+    assert "Incorrect API key provided: [redacted]." in relayed.json()["error"]["message"]
+    assert claude.json()["error"]["message"] == "bad key [redacted]"
+    assert "sk-shared-upstream" not in relayed.text
+    assert "sk-ant-gamma-upstream" not in claude.text
