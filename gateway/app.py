@@ -20,8 +20,10 @@ from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
+from gateway.server_span import ServerSpans
 from gateway.settings import Settings, load_settings
 from gateway.state import Gateway
+from gateway.tracing import configure_tracing, flush_spans, tracing_on
 
 __all__ = ["create_app"]
 
@@ -76,12 +78,18 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 def create_app(
     settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> Litestar:
-    """A gateway application. ``settings`` default to ``load_settings()`` (file and env)."""
+    """A gateway application. ``settings`` default to ``load_settings()`` (file and env).
+    The process's tracing is set up from the ``OTEL_*`` variables first
+    (``gateway.tracing``); with it on, each request gets a server span."""
     settings = settings or load_settings()
+    configure_tracing()
+    traced = tracing_on()
     gateway = Gateway.build(settings, transport=transport)
 
     async def close() -> None:
         await gateway.aclose()
+        if traced:
+            await flush_spans()
 
     app = Litestar(
         route_handlers=[
@@ -102,6 +110,7 @@ def create_app(
         },
         on_startup=[gateway.warm],
         on_shutdown=[close],
+        middleware=[ServerSpans] if traced else [],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(title="contextgate", version="0.1.0", path="/schema"),
         logging_config=None,
