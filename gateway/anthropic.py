@@ -36,6 +36,7 @@ from gateway.errors import (
 )
 from gateway.settings import AnthropicSettings, UpstreamSettings
 from gateway.sse import close, event_data
+from gateway.tracing import traced_sdk_transport
 from gateway.upstream import ResponseReading, json_answer, redacted
 
 __all__ = ["AnthropicUpstream"]
@@ -75,7 +76,7 @@ class AnthropicUpstream(ResponseReading):
         http = httpx2.AsyncClient(
             timeout=timeout,
             limits=limits,
-            transport=httpx2.AsyncHTTPTransport(limits=limits, retries=0),
+            transport=traced_sdk_transport(httpx2.AsyncHTTPTransport(limits=limits, retries=0)),
             follow_redirects=False,
             trust_env=False,
         )

@@ -21,8 +21,10 @@ from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
+from gateway.server_span import ServerSpans
 from gateway.settings import Settings, load_settings
 from gateway.state import Gateway
+from gateway.tracing import configure_tracing, flush_spans, tracing_on
 
 __all__ = ["create_app"]
 
@@ -80,12 +82,18 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 def create_app(
     settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> Litestar:
-    """A gateway application. ``settings`` default to ``load_settings()`` (file and env)."""
+    """A gateway application. ``settings`` default to ``load_settings()`` (file and env).
+    The process's tracing is set up from the ``OTEL_*`` variables first
+    (``gateway.tracing``); with it on, each request gets a server span."""
     settings = settings or load_settings()
+    configure_tracing()
+    traced = tracing_on()
     gateway = Gateway.build(settings, transport=transport)
 
     async def close() -> None:
         await gateway.aclose()
+        if traced:
+            await flush_spans()
 
     app = Litestar(
         route_handlers=[
@@ -104,7 +112,8 @@ def create_app(
             HTTPException: _on_http_error,
             Exception: _on_unexpected,
         },
-        middleware=[Admission()],
+        # The server span, when traced, is outermost: refusals at admission are traced too.
+        middleware=[ServerSpans, Admission()] if traced else [Admission()],
         on_startup=[gateway.warm],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,

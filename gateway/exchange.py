@@ -36,6 +36,7 @@ from gateway.restore import RESTORE_TOOL, Restorer, has_refs, with_restore_tool
 from gateway.sse import close
 from gateway.state import Gateway
 from gateway.upstream import ChatUpstream, is_context_overflow
+from gateway.upstream_span import UpstreamCall
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -161,14 +162,16 @@ async def exchange(
                 - counter.count_tools([RESTORE_TOOL]),
             )
         sent_at = time.time()
-        response = await while_connected(request.receive, wire.send(content, headers))
+        call = UpstreamCall.start(upstream, outgoing)
+        with call.current():
+            response = await while_connected(request.receive, wire.send(content, headers))
         ours = report_headers(request_id, result.report, own_ms)
         ours["x-contextgate-attempts"] = str(attempt)
         predicted = result.report.cache_break
         if predicted is not None:
             ours[CACHE_BREAK_HEADER] = predicted
         if is_event_stream(response):
-            events = upstream.events(response)
+            events = call.streamed(response.status_code, upstream.events(response))
             first = await while_connected(request.receive, first_event(events))
             failed = wire.stream_error(first)
             if failed is not None:
@@ -188,7 +191,9 @@ async def exchange(
             )
             return Streamed(response, first, events, ours)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
-        body = await while_connected(request.receive, upstream.read_body(response, limit))
+        with call.current():
+            body = await while_connected(request.receive, upstream.read_body(response, limit))
+        call.answered(response.status_code, body)
         if attempt < MAX_ATTEMPTS and is_context_overflow(response.status_code, body):
             retry_started = perf_counter()
             smaller = await recompact(gateway, chat)
@@ -259,9 +264,12 @@ def _remember(
 
 def _resend(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> Resend:
     async def resend(extra: list[dict[str, Any]]) -> bytes:
-        response = await wire.send(wire.continued(outgoing, extra), headers)
-        limit = None if response.is_success else wire.upstream.settings.max_error_body_bytes
-        body = await wire.upstream.read_body(response, limit)
+        call = UpstreamCall.start(wire.upstream, outgoing, restore=True)
+        with call.current():
+            response = await wire.send(wire.continued(outgoing, extra), headers)
+            limit = None if response.is_success else wire.upstream.settings.max_error_body_bytes
+            body = await wire.upstream.read_body(response, limit)
+        call.answered(response.status_code, body)
         if not response.is_success or is_event_stream(response):
             raise UpstreamAnswered(response, body)
         return body
@@ -271,17 +279,20 @@ def _resend(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> Re
 
 def _resend_stream(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> ResendStream:
     async def resend(extra: list[dict[str, Any]]) -> tuple[bytes, AsyncIterator[bytes]]:
-        response = await wire.send(wire.continued(outgoing, extra), headers)
-        if not is_event_stream(response):
-            body = await wire.upstream.read_body(
-                response, wire.upstream.settings.max_error_body_bytes
-            )
-            raise UpstreamStreamBroken(
-                f"The upstream answered a restore round with {response.status_code}:"
-                f" {body[:300].decode('utf-8', 'replace')}",
-                code="upstream_error",
-            )
-        events = wire.upstream.events(response)
+        call = UpstreamCall.start(wire.upstream, outgoing, restore=True)
+        with call.current():
+            response = await wire.send(wire.continued(outgoing, extra), headers)
+            if not is_event_stream(response):
+                body = await wire.upstream.read_body(
+                    response, wire.upstream.settings.max_error_body_bytes
+                )
+                call.answered(response.status_code, body)
+                raise UpstreamStreamBroken(
+                    f"The upstream answered a restore round with {response.status_code}:"
+                    f" {body[:300].decode('utf-8', 'replace')}",
+                    code="upstream_error",
+                )
+        events = call.streamed(response.status_code, wire.upstream.events(response))
         return await first_event(events), events
 
     return resend

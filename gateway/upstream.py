@@ -25,6 +25,7 @@ from gateway.errors import (
 )
 from gateway.settings import UpstreamSettings
 from gateway.sse import sse_events
+from gateway.tracing import traced_transport
 
 __all__ = [
     "HOP_BY_HOP",
@@ -211,8 +212,9 @@ class Upstream(ResponseReading):
                 base_url=settings.base_url,
                 timeout=timeout,
                 limits=limits,
-                transport=transport
-                or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0),
+                transport=traced_transport(
+                    transport or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0)
+                ),
                 follow_redirects=False,
                 trust_env=False,
             )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from pipelines.budget import Budget
 from pipelines.cache_break import cache_ttl
 from pipelines.catalog import ModelCatalog
@@ -18,7 +20,7 @@ from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.policy import Policy
 from pipelines.report import Report
-from pipelines.runner import run_stages
+from pipelines.runner import TRACER, run_stages
 from pipelines.session import ConversationState, cache_status, conversation_id
 from pipelines.stage import Clock, OffloadStore, Stage, StageContext, Summarizer
 from pipelines.stages import DEFAULT_STAGES
@@ -42,9 +44,19 @@ class CompactResult:
 
 
 class Pipeline:
-    """The stages, the model catalog and the token counters, with the injected I/O."""
+    """The stages, the model catalog and the token counters, with the injected I/O.
+    ``tracer`` takes the runner's spans (default: the process's tracer provider's)."""
 
-    __slots__ = ("_background", "_counters", "catalog", "clock", "stages", "store", "summarizer")
+    __slots__ = (
+        "_background",
+        "_counters",
+        "catalog",
+        "clock",
+        "stages",
+        "store",
+        "summarizer",
+        "tracer",
+    )
 
     def __init__(
         self,
@@ -54,12 +66,14 @@ class Pipeline:
         store: OffloadStore | None = None,
         summarizer: Summarizer | None = None,
         clock: Clock = time.monotonic,
+        tracer: Tracer = TRACER,
     ) -> None:
         self.stages = tuple(stages)
         self.catalog = catalog or ModelCatalog()
         self.store = store
         self.summarizer = summarizer
         self.clock = clock
+        self.tracer = tracer
         self._counters: dict[str, TokenCounter] = {}
         self._background: asyncio.Task[None] | None = None
 
@@ -85,6 +99,7 @@ class Pipeline:
             store=store,
             summarizer=summarizer,
             clock=self.clock,
+            tracer=self.tracer,
         )
         other._counters = self._counters
         return other
@@ -169,7 +184,7 @@ class Pipeline:
             conversation=conversation,
             report=report,
         )
-        result = await run_stages(self.stages, received, ctx, report, tokens)
+        result = await run_stages(self.stages, received, ctx, report, tokens, self.tracer)
         report.ms = (perf_counter() - started) * 1000
         changed = result is not received
         after = state or ConversationState()

@@ -3,6 +3,14 @@
 A stage that raises leaves the conversation as it was; the failure is logged and counted
 in the report, and the next stage runs. ``RequestRejected`` is the exception: a stage
 raises it on purpose to stop the request, so it propagates.
+
+The runner also traces (OpenTelemetry API; the process decides where spans go): one span
+``contextgate.pipeline`` around the stages, with the model, budget and tokens before and
+after, and, when that span records, one child span per stage, ``contextgate.stage.<name>``,
+with its tokens before and after, whether it changed the request, the refs it offloaded
+(``contextgate.stage.refs``) and, for a stage that failed, status ``ERROR`` and the
+exception's type (its message stays in the report and the log: it may quote the
+conversation). Stages do not trace themselves.
 """
 
 from __future__ import annotations
@@ -10,16 +18,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from time import perf_counter
+from typing import Any, Final
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, StatusCode, Tracer
 
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.errors import RequestRejected
 from pipelines.report import Report, StageReport
-from pipelines.stage import Stage, StageContext
+from pipelines.stage import OffloadStore, Stage, StageContext
 
-__all__ = ["run_stages"]
+__all__ = ["TRACER", "run_stages"]
 
 log = logging.getLogger("contextgate.pipeline")
+
+TRACER: Final = trace.get_tracer("pipelines")
+"""The pipeline's tracer by default: the global provider's (none: spans are no-ops)."""
 
 
 async def run_stages(
@@ -28,33 +43,140 @@ async def run_stages(
     ctx: StageContext,
     report: Report,
     tokens: ConversationTokens,
+    tracer: Tracer = TRACER,
 ) -> Conversation:
     """Run ``stages`` over ``conversation``, appending one ``StageReport`` each."""
-    current = report.tokens_before
-    for stage in stages:
-        ctx.details = {}
-        carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
-        started = perf_counter()
-        error: str | None = None
+    with tracer.start_as_current_span(
+        "contextgate.pipeline", record_exception=False, set_status_on_exception=False
+    ) as span:
+        traced = span.is_recording()
+        current = report.tokens_before
         try:
-            result = await stage(conversation, ctx)
-            if not isinstance(result, Conversation):
-                raise TypeError(f"returned {type(result).__name__}, not a Conversation")
-            changed = result is not conversation
-            after = tokens(result) if changed else current
-        except RequestRejected:
+            for stage in stages:
+                if traced:
+                    conversation = await _traced(
+                        tracer, stage, conversation, ctx, report, tokens, current
+                    )
+                else:
+                    conversation = await _run(stage, conversation, ctx, report, tokens, current)
+                current = report.stages[-1].tokens_after
+        except RequestRejected as exc:
+            if traced:
+                span.set_attribute("contextgate.rejected", exc.code)
             raise
-        except Exception as exc:
-            log.warning("stage %s failed; request left unchanged", stage.name, exc_info=True)
-            result, changed, after = conversation, False, current
-            ctx.carry = carried
-            ctx.compacted = compacted
-            ctx.boundary = boundary
-            error = f"{type(exc).__name__}: {exc}"
-        elapsed = (perf_counter() - started) * 1000
-        report.stages.append(
-            StageReport(stage.name, elapsed, current, after, changed, error, ctx.details)
-        )
-        conversation, current = result, after
-    report.tokens_after = current
+        report.tokens_after = current
+        if traced:
+            span.set_attributes(
+                {
+                    "contextgate.model": report.model,
+                    "contextgate.cache": report.cache,
+                    "contextgate.tokens.budget": report.budget,
+                    "contextgate.tokens.before": report.tokens_before,
+                    "contextgate.tokens.after": report.tokens_after,
+                    "contextgate.tokens.exact": report.exact,
+                    "contextgate.actions": report.actions,
+                }
+            )
     return conversation
+
+
+async def _run(
+    stage: Stage,
+    conversation: Conversation,
+    ctx: StageContext,
+    report: Report,
+    tokens: ConversationTokens,
+    current: int,
+) -> Conversation:
+    """One stage over ``conversation`` (of ``current`` tokens), fail-open, with its report
+    appended."""
+    ctx.details = {}
+    carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
+    started = perf_counter()
+    error: str | None = None
+    try:
+        result = await stage(conversation, ctx)
+        if not isinstance(result, Conversation):
+            raise TypeError(f"returned {type(result).__name__}, not a Conversation")
+        changed = result is not conversation
+        after = tokens(result) if changed else current
+    except RequestRejected:
+        raise
+    except Exception as exc:
+        log.warning("stage %s failed; request left unchanged", stage.name, exc_info=True)
+        result, changed, after = conversation, False, current
+        ctx.carry = carried
+        ctx.compacted = compacted
+        ctx.boundary = boundary
+        error = f"{type(exc).__name__}: {exc}"
+    elapsed = (perf_counter() - started) * 1000
+    report.stages.append(
+        StageReport(stage.name, elapsed, current, after, changed, error, ctx.details)
+    )
+    return result
+
+
+async def _traced(
+    tracer: Tracer,
+    stage: Stage,
+    conversation: Conversation,
+    ctx: StageContext,
+    report: Report,
+    tokens: ConversationTokens,
+    current: int,
+) -> Conversation:
+    """``_run`` in a span of its own, the stage's store counting the refs it hands out."""
+    store = ctx.store
+    counted = ctx.store = _CountedStore(store) if store is not None else None
+    with tracer.start_as_current_span(
+        f"contextgate.stage.{stage.name}",
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            result = await _run(stage, conversation, ctx, report, tokens, current)
+        except RequestRejected as exc:
+            span.set_attribute("contextgate.rejected", exc.code)
+            raise
+        finally:
+            ctx.store = store
+        _describe(span, report.stages[-1], counted.refs if counted is not None else 0)
+    return result
+
+
+def _describe(span: Span, stage: StageReport, refs: int) -> None:
+    span.set_attributes(
+        {
+            "contextgate.stage.name": stage.name,
+            "contextgate.tokens.before": stage.tokens_before,
+            "contextgate.tokens.after": stage.tokens_after,
+            "contextgate.stage.changed": stage.changed,
+            "contextgate.stage.refs": refs,
+        }
+    )
+    if stage.error is not None:
+        kind = stage.error.partition(":")[0]
+        span.set_attribute("error.type", kind)
+        span.set_status(StatusCode.ERROR, kind)
+
+
+class _CountedStore:
+    """A stage's view of the request's offload store, counting the refs ``put`` returns;
+    everything else (``get``, a store's ``touch``) is the store's own."""
+
+    __slots__ = ("refs", "store")
+
+    def __init__(self, store: OffloadStore) -> None:
+        self.store = store
+        self.refs = 0
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        ref = await self.store.put(namespace, content, ttl=ttl)
+        self.refs += 1
+        return ref
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        return await self.store.get(namespace, ref)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)

@@ -21,6 +21,11 @@ hypothesis_settings.register_profile(
 hypothesis_settings.register_profile("deep", max_examples=5_000, deadline=None)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
+# The suite's in-process gateways do not trace, whatever the developer's shell exports
+# (tests/gateway/test_tracing.py runs traced gateways in processes of their own).
+for name in [name for name in os.environ if name.startswith("OTEL_")]:
+    del os.environ[name]
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:

@@ -157,12 +157,18 @@ class ServeProcess:
     """``contextgate serve`` as its own process (a replica), with a YAML configuration,
     on a free loopback port; stopped with SIGTERM."""
 
-    def __init__(self, config: str, workdir: str) -> None:
+    def __init__(self, config: str, workdir: str, env: dict[str, str] | None = None) -> None:
+        """``env`` is added to this process's environment, which goes without its
+        ``CONTEXTGATE_*``, ``REDIS*`` and ``OTEL_*`` variables."""
         self.port = free_port()
         path = os.path.join(workdir, f"contextgate-{self.port}.yaml")
         with open(path, "w") as file:
             file.write(config)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTEXTGATE_", "REDIS"))}
+        inherited = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CONTEXTGATE_", "REDIS", "OTEL_"))
+        }
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -176,7 +182,7 @@ class ServeProcess:
                 "--config",
                 path,
             ],
-            env=env,
+            env={**inherited, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

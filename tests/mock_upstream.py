@@ -36,6 +36,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float
+    header_lines: list[tuple[str, str]] = field(default_factory=list)
+    """Every header line as sent, in order (``headers`` keeps the last of each name)."""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -220,14 +222,15 @@ class MockUpstream:
             return False
         lines = head.decode("latin-1").split("\r\n")
         method, target, _ = lines[0].split(" ", 2)
-        headers: dict[str, str] = {}
+        header_lines: list[tuple[str, str]] = []
         for line in lines[1:]:
             if ":" in line:
                 name, value = line.split(":", 1)
-                headers[name.strip().lower()] = value.strip()
+                header_lines.append((name.strip().lower(), value.strip()))
+        headers = dict(header_lines)
         length = int(headers.get("content-length", "0"))
         body = await reader.readexactly(length) if length else b""
-        received = Received(method, target, headers, body, time.monotonic())
+        received = Received(method, target, headers, body, time.monotonic(), header_lines)
         if self.record:
             self.received.append(received)
         self.in_flight += 1

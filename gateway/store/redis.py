@@ -49,6 +49,7 @@ from redis.retry import Retry
 
 from gateway.settings import StoreSettings
 from gateway.store.refs import make_ref
+from gateway.tracing import trace_redis
 from pipelines import ConversationState, StoreError
 
 __all__ = ["CircuitBreaker", "RedisBackend", "RedisConversations", "RedisStore"]
@@ -148,6 +149,7 @@ class RedisBackend:
             health_check_interval=0,
         )
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        trace_redis(self.client)
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown)
         self.failures = 0
         """Operations that failed (timeouts, refused connections, errors) or were refused
