@@ -60,6 +60,7 @@ async def caller_of(request: Request[Any, Any, Any]) -> Caller:
                 if credential is None
                 else "The gateway key is not valid."
             )
+        request.state.tenant = tenant.name  # for the access log and metrics (gateway.access)
         upstream_key = tenant.upstream_api_key or gateway.settings.upstream.api_key
         return Caller("tenant:" + tenant.name, upstream_key, tenant.name)
     namespace = await gateway.stores.namespace_of(credential)

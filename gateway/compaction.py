@@ -77,6 +77,7 @@ async def compact_request(
             request.receive, request.headers.get("content-length"), gateway.settings.max_body_bytes
         )
         body = parse_chat_request(raw)
+    request.state.body = body  # for the access log and metrics (gateway.access)
     policy = policy_from_header(request.headers.get(POLICY_HEADER), gateway.default_policy)
     caller = await caller_of(request)
     namespace = caller.namespace

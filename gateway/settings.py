@@ -182,6 +182,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     later request of the conversation schedules its summary again)."""
     tenants: tuple[TenantSettings, ...] = ()
     """Teams sharing the gateway; none: passthrough mode (callers' own keys go upstream)."""
+    log_prompts: bool = False
+    """Debugging only: put each chat request's messages in its access-log line. Prompts
+    are the users' data; off, no prompt content is logged."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:

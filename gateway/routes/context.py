@@ -10,7 +10,6 @@ from litestar.response.base import ASGIResponse
 
 from gateway.compaction import compact_request
 from gateway.headers import report_headers
-from gateway.state import new_request_id
 
 __all__ = ["compact_dry_run"]
 
@@ -18,7 +17,7 @@ __all__ = ["compact_dry_run"]
 @post("/v1/context/compact", status_code=200)
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>}``."""
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     result = (await compact_request(request, dry_run=True)).result
     body = orjson.dumps({"request": result.request, "report": result.report.as_dict()})
     headers = report_headers(request_id, result.report, result.report.ms)
