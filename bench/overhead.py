@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,18 +51,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def process(args: list[str], env: dict[str, str], ready: Callable[[], bool]) -> Iterator[None]:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{args[:3]} did not start: {proc.stderr.read()!r}")  # type: ignore[union-attr]
-            time.sleep(0.05)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        proc.stderr.close()  # type: ignore[union-attr]
+    # stderr to a file, not a pipe nobody reads: the gateway logs a line per request.
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 30
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    stderr.seek(0)
+                    raise RuntimeError(f"{args[:3]} did not start: {stderr.read()!r}")
+                time.sleep(0.05)
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(15)
 
 
 def answers(url: str) -> Callable[[], bool]:

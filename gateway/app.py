@@ -10,6 +10,7 @@ from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
+from gateway.access import AccessLog
 from gateway.admission import Admission
 from gateway.codecs.anthropic_inbound import error_body
 from gateway.errors import GatewayError
@@ -74,7 +75,12 @@ def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respo
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.error("unhandled error on %s", request.url.path, exc_info=exc)
+    log.error(
+        "unhandled error on %s",
+        request.url.path,
+        exc_info=exc,
+        extra={"request_id": getattr(request.state, "request_id", None)},
+    )
     error = GatewayError("The gateway failed to handle the request.")
     return _on_gateway_error(request, error)
 
@@ -121,4 +127,7 @@ def create_app(
         logging_config=None,
     )
     app.state.gateway = gateway
+    # Around everything Litestar does for a request (routing, errors included), so that
+    # every request is counted and logged; a tracing middleware goes around this one.
+    app.asgi_handler = AccessLog(app.asgi_handler, gateway)
     return app

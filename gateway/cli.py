@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.headers import policy_from_header
+from gateway.logs import LEVELS, configure_logging
 from gateway.settings import ConfigError, load_settings
 from gateway.tenants import hash_key
 
@@ -27,7 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=8080, help="port to bind (default 8080)")
     serve.add_argument("--config", help="YAML configuration (default: $CONTEXTGATE_CONFIG)")
-    serve.add_argument("--log-level", default="warning", help="uvicorn log level")
+    serve.add_argument(
+        "--log-level",
+        type=str.lower,
+        default=os.environ.get("CONTEXTGATE_LOG_LEVEL", "info").lower(),
+        help=f"one of {', '.join(LEVELS)} (default: $CONTEXTGATE_LOG_LEVEL, else info: one"
+        " JSON line per request on stderr)",
+    )
     compact = commands.add_parser(
         "compact", help="run the pipeline over a chat request file and print {request, report}"
     )
@@ -60,12 +68,22 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
 
-    app = create_app(load_settings(args.config))
+    if args.log_level not in LEVELS:
+        print(
+            f"contextgate: unknown log level {args.log_level!r}; one of {', '.join(LEVELS)}",
+            file=sys.stderr,
+        )
+        return 2
+    settings = load_settings(args.config)
+    configure_logging(args.log_level)
+    app = create_app(settings)
     uvicorn.run(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=None,  # every logger is ours already: JSON lines on stderr
+        access_log=False,  # the gateway writes its own (gateway.access)
         loop="auto",
         http="auto",
         timeout_graceful_shutdown=30,

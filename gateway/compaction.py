@@ -84,6 +84,7 @@ async def compact_request(
     if body is None:
         raw = await request_body(request)
         body = parse_chat_request(raw)
+    request.state.body = body  # for the access log and metrics (gateway.access)
     refuse_upstream_choice(body)
     policy = policy_from_header(
         request.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds

@@ -144,9 +144,12 @@ async def exchange(
     """Send ``chat``'s compacted request over ``wire`` and bring back the answer."""
     gateway: Gateway = request.app.state.gateway
     upstream = wire.upstream
+    notes = request.scope["state"]  # what the access log and metrics read (gateway.access)
+    provider = "anthropic" if upstream is gateway.anthropic else "openai"
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
+        notes["report"], notes["attempts"] = result.report, attempt
         outgoing, content, tooled = with_restore(chat, wire.encode)
         restorer = None
         if tooled:
@@ -161,7 +164,7 @@ async def exchange(
                 - result.report.tokens_after
                 - counter.count_tools([RESTORE_TOOL]),
             )
-        sent_at = time.time()
+        sent_at, sending = time.time(), perf_counter()
         call = UpstreamCall.start(upstream, outgoing)
         with call.current():
             response = await while_connected(request.receive, wire.send(content, headers))
@@ -174,6 +177,7 @@ async def exchange(
             events = call.streamed(response.status_code, upstream.events(response))
             first = await while_connected(request.receive, first_event(events))
             failed = wire.stream_error(first)
+            gateway.metrics.upstream_answered(provider, perf_counter() - sending, failed is None)
             if failed is not None:
                 await close(events)
                 status, body = failed
@@ -187,13 +191,14 @@ async def exchange(
                 relayed = wire.stream(first, metered, restorer, resend)
                 first = b""
             events = _Remembering(
-                gateway, chat, sent_at, relayed, metered, restorer is not None, tracker
+                gateway, chat, sent_at, relayed, metered, restorer is not None, tracker, notes
             )
             return Streamed(response, first, events, ours)
         limit = None if response.is_success else upstream.settings.max_error_body_bytes
         with call.current():
             body = await while_connected(request.receive, upstream.read_body(response, limit))
         call.answered(response.status_code, body)
+        gateway.metrics.upstream_answered(provider, perf_counter() - sending, response.is_success)
         if attempt < MAX_ATTEMPTS and is_context_overflow(response.status_code, body):
             retry_started = perf_counter()
             smaller = await recompact(gateway, chat)
@@ -224,6 +229,7 @@ async def exchange(
         ours.pop(CACHE_BREAK_HEADER, None)
         if cause is not None:
             ours[CACHE_BREAK_HEADER] = cause
+        notes["usage"], notes["cache_break"] = usage, cause
         _remember(gateway, chat, sent_at, usage, restorer is not None)
     return Buffered(response, body, ours)
 
@@ -330,6 +336,7 @@ class _Remembering:
         "_done",
         "_events",
         "_gateway",
+        "_notes",
         "_restore_tool",
         "_sent_at",
         "_tracker",
@@ -345,11 +352,13 @@ class _Remembering:
         upstream: AsyncIterator[bytes],
         restore_tool: bool,
         tracker: UsageTracker,
+        notes: dict[str, Any],
     ) -> None:
         self._gateway, self._chat, self._sent_at = gateway, chat, sent_at
         self._events, self._upstream = events, upstream
         self._restore_tool = restore_tool
         self._tracker = tracker
+        self._notes = notes
         self._done = False
 
     def __aiter__(self) -> _Remembering:
@@ -367,7 +376,8 @@ class _Remembering:
             return
         self._done = True
         usage = self._tracker.usage
-        note_cache_break(self._gateway.metrics, self._chat, usage)
+        cause = note_cache_break(self._gateway.metrics, self._chat, usage)
+        self._notes["usage"], self._notes["cache_break"] = usage, cause
         _remember(self._gateway, self._chat, self._sent_at, usage, self._restore_tool)
         with anyio.CancelScope(shield=True):
             for events in (self._events, self._upstream):

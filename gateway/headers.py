@@ -17,7 +17,13 @@ from gateway.errors import InvalidRequest
 from pipelines import Policy, PolicyBounds, PolicyError, Report
 from pipelines.policy import UNBOUNDED
 
-__all__ = ["POLICY_HEADER", "policy_from_header", "report_headers"]
+__all__ = [
+    "POLICY_HEADER",
+    "policy_from_header",
+    "report_headers",
+    "summary_header",
+    "summary_path",
+]
 
 POLICY_HEADER: Final = "x-contextgate-policy"
 
@@ -100,15 +106,24 @@ def summary_header(report: Report) -> str:
     if stage is None:
         return ""
     parts = []
-    path = stage.details.get("path")
-    if isinstance(path, str):
-        if path.startswith("fallback"):
-            parts.append("fallback")
-        elif path.startswith("notes kept"):
-            parts.append("notes-kept")
-        else:
-            parts.append(next((v for k, v in _SUMMARY_PATHS.items() if path.startswith(k)), "made"))
+    path = summary_path(report)
+    if path is not None:
+        parts.append(path)
     prepare = stage.details.get("prepare")
     if prepare is not None:
         parts.append("prepare=scheduled" if isinstance(prepare, list) else "prepare=skipped")
     return ", ".join(parts)
+
+
+def summary_path(report: Report) -> str | None:
+    """The path the summarize stage took (``made``, ``prepared``, ``reused``,
+    ``extended``, ``notes-kept``, ``fallback``), or ``None`` when it took none."""
+    stage = report.stage("summarize")
+    path = stage.details.get("path") if stage is not None else None
+    if not isinstance(path, str):
+        return None
+    if path.startswith("fallback"):
+        return "fallback"
+    if path.startswith("notes kept"):
+        return "notes-kept"
+    return next((v for k, v in _SUMMARY_PATHS.items() if path.startswith(k)), "made")

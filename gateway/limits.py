@@ -103,7 +103,9 @@ class Limiter:
             keys = [f"cg:{{l:{key}}}:rate", f"cg:{{l:{key}}}:busy"]
             args: list[str | int] = [rpm, busy_max, member, LEASE_SECONDS * 1000]
             try:
-                result = await backend.run(lambda: backend.client.eval(_ADMIT, 2, *keys, *args))
+                result = await backend.run(
+                    lambda: backend.client.eval(_ADMIT, 2, *keys, *args), "limit_admit"
+                )
             except StoreError:
                 self._metrics.limiter_fail_open.inc()
                 return None
@@ -134,7 +136,8 @@ class Limiter:
         backend = self._backend
         try:
             await backend.run(
-                lambda: backend.client.zrem(f"cg:{{l:{lease.key}}}:busy", lease.member)
+                lambda: backend.client.zrem(f"cg:{{l:{lease.key}}}:busy", lease.member),
+                "limit_release",
             )
         except StoreError:
             self._metrics.limiter_fail_open.inc()

@@ -230,6 +230,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seconds a client may take to send its request body; then 408."""
     max_header_bytes: int = 65_536
     """Largest total size of a request's headers; larger gets 431."""
+    log_prompts: bool = False
+    """Debugging only: put each chat request's messages in its access-log line. Prompts
+    are the users' data; off, no prompt content is logged."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:

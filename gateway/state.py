@@ -52,6 +52,9 @@ class Gateway:
     """Models whose provider refused structured output for summaries."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        self.metrics.watch(self.stores, self.summaries)
+
     def upstream_for(self, model: str) -> ChatUpstream:
         """Where requests for ``model`` go: the built-in Anthropic provider for Anthropic
         model names (``claude-*``, no provider prefix: ``anthropic/claude-...`` is a

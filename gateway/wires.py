@@ -118,7 +118,7 @@ class MessagesWire:
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
         usage = _usage(body)
-        return usage_of(usage) if usage is not None else None
+        return _with_writes(usage) if usage is not None else None
 
     def usage_tracker(self) -> _EventUsage:
         return _EventUsage()
@@ -182,7 +182,7 @@ class _EventUsage:
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return usage_of(self._usage) if self._usage else None
+        return _with_writes(self._usage) if self._usage else None
 
     def add(self, event: bytes) -> None:
         if b'"usage"' not in event:
@@ -200,3 +200,13 @@ class _EventUsage:
             usage = data.get("usage")
         if isinstance(usage, dict):
             self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+
+def _with_writes(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI-form usage of Anthropic ``usage``, with its cache writes kept as
+    ``cache_creation_input_tokens`` (LiteLLM's name) for the token metrics: the OpenAI form
+    folds them into ``prompt_tokens``."""
+    converted = usage_of(usage)
+    written = usage.get("cache_creation_input_tokens")
+    converted["cache_creation_input_tokens"] = written if isinstance(written, int) else 0
+    return converted

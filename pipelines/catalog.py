@@ -125,6 +125,11 @@ class ModelCatalog:
         """A catalog with ``entries`` added, replacing built-ins with the same pattern."""
         return ModelCatalog((*self._entries, *entries))
 
+    def knows(self, model: str) -> bool:
+        """Whether an entry matches ``model`` (else it gets the unknown-model defaults)."""
+        found = self.lookup(model)
+        return found.pattern != model or any(e.pattern == model for e in self._entries)
+
     def lookup(self, model: str) -> ModelInfo:
         """The entry for ``model``, or the unknown-model defaults."""
         found = self._lookups.get(model)

@@ -155,11 +155,15 @@ def redis_from_env() -> str | None:
 
 class ServeProcess:
     """``contextgate serve`` as its own process (a replica), with a YAML configuration,
-    on a free loopback port; stopped with SIGTERM."""
+    on a free loopback port; stopped with SIGTERM. Its stderr (the JSON log) goes to a
+    file, so that a long test never blocks it on a full pipe; ``log()`` reads it."""
 
-    def __init__(self, config: str, workdir: str, env: dict[str, str] | None = None) -> None:
-        """``env`` is added to this process's environment, which goes without its
-        ``CONTEXTGATE_*``, ``REDIS*`` and ``OTEL_*`` variables."""
+    def __init__(
+        self, config: str, workdir: str, *args: str, env: dict[str, str] | None = None
+    ) -> None:
+        """``args`` are added to ``contextgate serve``'s; ``env`` to this process's
+        environment, which goes without its ``CONTEXTGATE_*``, ``REDIS*`` and ``OTEL_*``
+        variables."""
         self.port = free_port()
         path = os.path.join(workdir, f"contextgate-{self.port}.yaml")
         with open(path, "w") as file:
@@ -169,23 +173,26 @@ class ServeProcess:
             for k, v in os.environ.items()
             if not k.startswith(("CONTEXTGATE_", "REDIS", "OTEL_"))
         }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--config",
-                path,
-            ],
-            env={**inherited, **(env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        self._log = os.path.join(workdir, f"contextgate-{self.port}.log")
+        with open(self._log, "wb") as stderr:  # the process keeps its own descriptor
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--config",
+                    path,
+                    *args,
+                ],
+                env={**inherited, **(env or {})},
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
 
     @property
     def base_url(self) -> str:
@@ -200,13 +207,18 @@ class ServeProcess:
             except OSError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
-                errors = self.process.stderr.read().decode() if self.process.stderr else ""
+                errors = self.log()
                 self.stop()
                 raise RuntimeError(f"the gateway process did not start: {errors[-2000:]}")
             time.sleep(0.1)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def log(self) -> str:
+        """What the process wrote to stderr so far."""
+        with open(self._log, "rb") as stderr:
+            return stderr.read().decode()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -216,5 +228,3 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
-        if self.process.stderr is not None:
-            self.process.stderr.close()

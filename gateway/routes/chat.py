@@ -11,7 +11,7 @@ from litestar.response.base import ASGIResponse
 from gateway.compaction import compact_request
 from gateway.exchange import Buffered, exchange
 from gateway.relay import buffered_response, streamed_response
-from gateway.state import Gateway, new_request_id
+from gateway.state import Gateway
 from gateway.upstream import upstream_request_headers
 from gateway.wires import ChatWire
 
@@ -23,7 +23,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     """OpenAI Chat Completions, streamed or not, through the context pipeline."""
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     chat = await compact_request(request)
     model = str(chat.body.get("model", ""))
     headers = upstream_request_headers(

@@ -10,7 +10,6 @@ from litestar.response.base import ASGIResponse
 
 from gateway.compaction import compact_request
 from gateway.headers import report_headers
-from gateway.state import new_request_id
 
 __all__ = ["compact_dry_run"]
 
@@ -19,7 +18,7 @@ __all__ = ["compact_dry_run"]
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>,
     "policy": <the policy it ran under, every key resolved>}``."""
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     chat = await compact_request(request, dry_run=True)
     result = chat.result
     body = orjson.dumps(

@@ -41,7 +41,7 @@ from gateway.headers import report_headers
 from gateway.relay import buffered_response, streamed_response
 from gateway.restore import RESTORE_TOOL, chain
 from gateway.sse import event_data
-from gateway.state import Gateway, new_request_id
+from gateway.state import Gateway
 from gateway.upstream import json_answer, upstream_request_headers
 from gateway.wires import ChatWire, MessagesWire
 
@@ -58,7 +58,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Anthropic Messages, streamed or not, through the context pipeline."""
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     raw = await request_body(request)
     inbound = parse_request(raw)
     refuse_upstream_choice(inbound.native)
@@ -116,7 +116,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     summary model asked, with the restore tool when it would carry it): Anthropic's own
     count for ``claude-*`` models, the gateway's for the others."""
     gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     raw = await request_body(request)
     inbound = parse_request(raw, counting=True)
     chat = await compact_request(request, dry_run=True, body=inbound.chat)

@@ -1,4 +1,6 @@
-"""``GET /metrics``: the gateway's Prometheus metrics."""
+"""``GET /metrics``: the gateway's Prometheus metrics, for the scraper. It asks for no key
+(a scraper has none, and no label holds a secret): expose it to the scraper only. Every
+family is in ``docs/OBSERVABILITY.md``."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from gateway.auth import caller_of
 from gateway.client import while_connected
 from gateway.headers import report_headers
 from gateway.relay import buffered_response
-from gateway.state import Gateway, new_request_id
+from gateway.state import Gateway
 from gateway.tenants import Profile
 from gateway.upstream import json_answer, upstream_request_headers
 
@@ -26,7 +26,7 @@ async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The models the caller may use (in passthrough mode: what the upstream lists)."""
     started = perf_counter()
     gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     caller = caller_of(request)
     headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
     own_ms = (perf_counter() - started) * 1000

@@ -16,7 +16,7 @@ from litestar.response.base import ASGIResponse
 
 from gateway.auth import caller_of
 from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.state import Gateway, new_request_id
+from gateway.state import Gateway
 from gateway.store import REF_PATTERN
 from pipelines import StoreError
 
@@ -38,7 +38,7 @@ class StoreUnavailable(GatewayError):
 @get("/v1/context/objects/{ref:str}")
 async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
     ref: str = request.path_params["ref"]
-    request_id = request.state.request_id = new_request_id()
+    request_id = request.state.request_id
     gateway: Gateway = request.app.state.gateway
     namespace = caller_of(request).namespace
     start = _line_param(request.query_params.get("start_line"), "start_line")

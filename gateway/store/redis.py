@@ -4,7 +4,9 @@ Every operation is bounded by ``store.timeout`` (socket timeouts, no client retr
 ``asyncio`` deadline around the call), so a slow or dead Redis costs a request at most
 that long. After ``breaker_failures`` failures in a row a circuit breaker stops asking
 for ``breaker_cooldown`` seconds, then lets one request try; while it is open, writes fail
-at once (stages keep content in place) and reads find nothing.
+at once (stages keep content in place) and reads find nothing. Failures are counted, in
+all and by operation, for ``/readyz`` and the metrics, and in ``REQUEST_FAILURES`` for the
+request they happened in.
 
 Keys (Redis Cluster and Valkey compatible):
 
@@ -37,8 +39,9 @@ import hashlib
 import secrets
 import time
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
@@ -52,7 +55,13 @@ from gateway.store.refs import make_ref
 from gateway.tracing import trace_redis
 from pipelines import ConversationState, StoreError
 
-__all__ = ["CircuitBreaker", "RedisBackend", "RedisConversations", "RedisStore"]
+__all__ = [
+    "REQUEST_FAILURES",
+    "CircuitBreaker",
+    "RedisBackend",
+    "RedisConversations",
+    "RedisStore",
+]
 
 T = TypeVar("T")
 
@@ -65,6 +74,11 @@ _KNOWN_FOR: Final = 3_600.0
 _RAW, _ZLIB = b"r", b"z"
 _KNOWN_REFS: Final = 65_536
 _RECORD_TTL: Final = 86_400
+REQUEST_FAILURES: ContextVar[list[int] | None] = ContextVar(
+    "contextgate_store_request_failures", default=None
+)
+"""A one-item list counting the store operations that failed while serving the current
+request, set per request by ``gateway.access`` (``None`` outside a request)."""
 _UNLOCK: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -129,6 +143,7 @@ class RedisBackend:
         "client",
         "confirmed_at",
         "epoch",
+        "failed",
         "failures",
         "known",
         "settings",
@@ -154,6 +169,8 @@ class RedisBackend:
         self.failures = 0
         """Operations that failed (timeouts, refused connections, errors) or were refused
         by the open circuit."""
+        self.failed: Counter[str] = Counter()
+        """The same, by operation (``object_put``, ``record_get``, ...)."""
         self._configured = settings.secret is not None
         self._secret = settings.secret.encode() if settings.secret else None
         self._secret_confirmed = self._configured
@@ -201,12 +218,13 @@ class RedisBackend:
                 pipe.get(EPOCH_KEY)
                 return (await pipe.execute())[1]
 
-        self.confirm_epoch(await self.run(create))
+        self.confirm_epoch(await self.run(create, "epoch"))
 
-    async def run(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """``operation`` within the deadline and the breaker; ``StoreError`` otherwise."""
+    async def run(self, operation: Callable[[], Awaitable[T]], what: str) -> T:
+        """``operation`` (named ``what`` in the failure counts) within the deadline and the
+        breaker; ``StoreError`` otherwise."""
         if not self.breaker.allow():
-            self.failures += 1
+            self._failed(what)
             raise StoreError("the store is unavailable (circuit open)")
         try:
             async with asyncio.timeout(self.settings.timeout):
@@ -214,7 +232,7 @@ class RedisBackend:
         except (RedisError, OSError, TimeoutError) as exc:
             slow = isinstance(exc, TimeoutError | RedisTimeoutError)
             self.breaker.failure(slow=slow)
-            self.failures += 1
+            self._failed(what)
             self.known.clear()
             self.confirmed_at = 0.0
             self._secret_confirmed = self._configured
@@ -224,6 +242,13 @@ class RedisBackend:
             raise
         self.breaker.success()
         return result
+
+    def _failed(self, what: str) -> None:
+        self.failures += 1
+        self.failed[what] += 1
+        seen = REQUEST_FAILURES.get()
+        if seen is not None:
+            seen[0] += 1
 
     async def secret(self) -> bytes:
         """The refs' HMAC key: configured, or shared through Redis. A replica that has
@@ -247,7 +272,7 @@ class RedisBackend:
                         _, value = await pipe.execute()
                     return value if isinstance(value, bytes) else None
 
-                found = await self.run(fetch)
+                found = await self.run(fetch, "secret")
                 if not found:
                     raise StoreError("the store holds no secret")
                 self._secret, self._secret_confirmed = found, True
@@ -256,7 +281,7 @@ class RedisBackend:
 
     async def ping(self) -> bool:
         try:
-            await self.run(self.client.ping)
+            await self.run(self.client.ping, "ping")
         except StoreError:
             return False
         return True
@@ -288,7 +313,9 @@ class RedisStore:
         client, backend = self.backend.client, self.backend
         if backend.trusted(key):
             return ref  # stored by us, and Redis has not lost data since (epoch confirmed)
-        if key in backend.known and await backend.run(lambda: client.expire(key, ttl)):
+        if key in backend.known and await backend.run(
+            lambda: client.expire(key, ttl), "object_touch"
+        ):
             backend.remember(key, ttl)
             return ref
         compressed = len(content) > self.compress_over
@@ -300,7 +327,7 @@ class RedisStore:
                 pipe.expire(key, ttl)  # renews it if it was already there
                 await pipe.execute()
 
-        await backend.run(store)
+        await backend.run(store, "object_put")
         backend.remember(key, ttl)
         return ref
 
@@ -311,7 +338,7 @@ class RedisStore:
         backend, client = self.backend, self.backend.client
         if backend.trusted(key):
             return True
-        if await backend.run(lambda: client.expire(key, ttl)):
+        if await backend.run(lambda: client.expire(key, ttl), "object_touch"):
             backend.remember(key, ttl)
             return True
         return False
@@ -319,7 +346,7 @@ class RedisStore:
     async def get(self, namespace: str, ref: str) -> bytes | None:
         key = f"cg:o:{namespace_id(namespace)}:{ref}"
         client = self.backend.client
-        stored = await self.backend.run(lambda: client.get(key))
+        stored = await self.backend.run(lambda: client.get(key), "object_get")
         if not isinstance(stored, bytes) or not stored:
             return None
         kind, body = stored[:1], stored[1:]
@@ -351,7 +378,7 @@ class RedisConversations:
                 return await pipe.execute()
 
         try:
-            data, epoch = await backend.run(read)
+            data, epoch = await backend.run(read, "record_get")
             if not backend.confirm_epoch(epoch if isinstance(epoch, bytes) else None):
                 await backend.new_epoch()
             return ConversationState.from_json(data) if isinstance(data, bytes) else None
@@ -362,7 +389,7 @@ class RedisConversations:
         key, client = self.key(namespace, conversation), self.backend.client
         data = state.to_json()
         try:
-            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL))
+            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL), "record_put")
         except StoreError:
             return
 
@@ -373,7 +400,7 @@ class RedisConversations:
     async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
         key, client = self._key(namespace, conversation, "checkpoint"), self.backend.client
         try:
-            data = await self.backend.run(lambda: client.get(key))
+            data = await self.backend.run(lambda: client.get(key), "checkpoint_get")
         except StoreError:
             return None
         return data if isinstance(data, bytes) else None
@@ -381,7 +408,7 @@ class RedisConversations:
     async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
         key, client = self._key(namespace, conversation, "checkpoint"), self.backend.client
         try:
-            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL))
+            await self.backend.run(lambda: client.set(key, data, ex=_RECORD_TTL), "checkpoint_put")
         except StoreError:
             return
 
@@ -389,12 +416,14 @@ class RedisConversations:
         key, client = self._key(namespace, conversation, "lock"), self.backend.client
         token = secrets.token_hex(8)
         milliseconds = max(1, int(seconds * 1000))
-        taken = await self.backend.run(lambda: client.set(key, token, nx=True, px=milliseconds))
+        taken = await self.backend.run(
+            lambda: client.set(key, token, nx=True, px=milliseconds), "lock"
+        )
         return token if taken else None
 
     async def unlock(self, namespace: str, conversation: str, token: str) -> None:
         key, client = self._key(namespace, conversation, "lock"), self.backend.client
         try:
-            await self.backend.run(lambda: client.eval(_UNLOCK, 1, key, token))
+            await self.backend.run(lambda: client.eval(_UNLOCK, 1, key, token), "unlock")
         except StoreError:
             return

@@ -111,6 +111,12 @@ def test_serve_refuses_a_port_out_of_range(capsys: object) -> None:
     assert "not a TCP port" in capsys.readouterr().err  # type: ignore[attr-defined]
 
 
+def test_serve_refuses_an_unknown_log_level(capsys: object) -> None:
+    """A log level that is not one of uvicorn's is refused before anything starts."""
+    assert main(["serve", "--port", str(free_port()), "--log-level", "verbose"]) == 2
+    assert "unknown log level 'verbose'" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
 def test_compact_reports_nesting_too_deep(tmp_path: Path, capsys: object) -> None:
     """A request nested too deeply is refused with its code, not a traceback."""
     path = tmp_path / "deep.json"

@@ -20,7 +20,7 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
 ) -> None:
     """The client can leave right after the headers: the record is stored once and the
     upstream events are closed, though the relay never iterated them (nor the restore
-    loop around them, which would close nothing)."""
+    loop around them, which would close nothing); the access log is told it got no usage."""
     closed: list[bool] = []
     remembered: list[Any] = []
 
@@ -47,6 +47,7 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
     class Chat:
         namespace, conversation, result, state = "ns", "conv", Result(), None
 
+    notes: dict[str, Any] = {}
     events = upstream_events()
     await events.__anext__()  # the first event, already taken by the relay
     tracker = ChatWire(None).usage_tracker()  # type: ignore[arg-type]
@@ -59,10 +60,12 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
         metered,
         restore_tool=restoring,
         tracker=tracker,
+        notes=notes,
     )
     await wrapper.aclose()
     await wrapper.aclose()
     assert closed == [True]
+    assert notes == {"usage": None, "cache_break": None}
     assert len(remembered) == 1
     assert remembered[0][2].restore_tool is restoring
     assert remembered[0][2].last_seen == 5.0

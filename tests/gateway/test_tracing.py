@@ -52,7 +52,7 @@ def served(
         f"redis_url: {redis_url}\nsummaries: false\n"
     )
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "20"}
-    with ServeProcess(config, str(tmp_path_factory.mktemp("tracing")), env) as process:
+    with ServeProcess(config, str(tmp_path_factory.mktemp("tracing")), env=env) as process:
         yield process
 
 
@@ -389,7 +389,7 @@ def test_spans_waiting_in_the_batch_are_sent_when_the_gateway_stops(
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
             "OTEL_BSP_SCHEDULE_DELAY": "600000",
         }
-        with ServeProcess(config, str(tmp_path), env) as process:
+        with ServeProcess(config, str(tmp_path), env=env) as process:
             response = httpx.post(
                 f"{process.base_url}/chat/completions",
                 json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello"}]},

@@ -37,6 +37,17 @@ def test_unknown_model_gets_default_window() -> None:
     assert info.pattern == "my-private-model"
 
 
+def test_knows_built_in_and_configured_models_only() -> None:
+    """``knows`` tells a matched model (by glob or exact configured name) from one that
+    only gets the defaults."""
+    catalog = ModelCatalog().extended([ModelInfo("local-llama", 8_192, 1_024)])
+    assert catalog.knows("gpt-4o-2024-08-06")
+    assert catalog.knows("openai/gpt-4.1")
+    assert catalog.knows("local-llama")
+    assert not catalog.knows("my-private-model")
+    assert not ModelCatalog().knows("local-llama")
+
+
 def test_more_specific_pattern_wins() -> None:
     """``claude-3-haiku*`` beats ``claude-*`` however the entries are ordered."""
     assert ModelCatalog().lookup("claude-3-haiku-20240307").output_reserve == 4_096
