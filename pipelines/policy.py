@@ -109,11 +109,7 @@ class Policy:
         """``base`` (the defaults when omitted) with the wire-named ``values`` applied."""
         changes: dict[str, Any] = {}
         for key, value in values.items():
-            name = key.replace("-", "_")
-            kind = _FIELD_TYPES.get(name) if "_" not in key else None
-            if kind is None:
-                known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
-                raise PolicyError(key, f"unknown key; known keys: {known}")
+            name, kind = _field(key)
             changes[name] = _coerce(key, kind, value)
         try:
             return replace(base or cls(), **changes)
@@ -154,6 +150,16 @@ _FIELD_TYPES: Final[Mapping[str, type]] = {
     "offload_ttl": int,
     "cache_markers": bool,
 }
+
+
+def _field(key: str) -> tuple[str, type]:
+    """The attribute name and type of wire key ``key``; ``PolicyError`` if there is none."""
+    name = key.replace("-", "_")
+    kind = _FIELD_TYPES.get(name) if "_" not in key else None
+    if kind is None:
+        known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
+        raise PolicyError(key, f"unknown key; known keys: {known}")
+    return name, kind
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
@@ -197,11 +203,7 @@ class PolicyBounds:
         choices: dict[str, tuple[Any, ...]] = {}
         locked: set[str] = set()
         for key, bound in values.items():
-            name = key.replace("-", "_")
-            kind = _FIELD_TYPES.get(name) if "_" not in key else None
-            if kind is None:
-                known = ", ".join(sorted(_wire(n) for n in _FIELD_TYPES))
-                raise PolicyError(key, f"unknown key; known keys: {known}")
+            name, kind = _field(key)
             if bound is False:
                 locked.add(key)
             elif name in BOUNDS:
