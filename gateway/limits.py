@@ -81,10 +81,12 @@ class Lease:
 class Limiter:
     """Admits requests within their caller's ``LimitSettings``."""
 
-    __slots__ = ("_backend", "_busy", "_metrics", "_rates")
+    __slots__ = ("_admit", "_backend", "_busy", "_metrics", "_rates")
 
     def __init__(self, backend: RedisBackend | None, metrics: Metrics) -> None:
         self._backend, self._metrics = backend, metrics
+        self._admit = backend.client.register_script(_ADMIT) if backend is not None else None
+        """Sent by its hash (EVALSHA), the text only when Redis does not know it yet."""
         self._rates: dict[str, float] = {}
         """In-process arrival times (ms) when there is no Redis."""
         self._busy: dict[str, set[str]] = {}
@@ -96,15 +98,15 @@ class Limiter:
         if not rpm and not busy_max:
             return None
         member = secrets.token_hex(8)
-        if self._backend is None:
+        if self._backend is None or self._admit is None:
             admitted, wait_ms, which = self._admit_here(key, rpm, busy_max, member)
         else:
-            backend = self._backend
+            script = self._admit
             keys = [f"cg:{{l:{key}}}:rate", f"cg:{{l:{key}}}:busy"]
             args: list[str | int] = [rpm, busy_max, member, LEASE_SECONDS * 1000]
             try:
-                result = await backend.run(
-                    lambda: backend.client.eval(_ADMIT, 2, *keys, *args), "limit_admit"
+                result = await self._backend.run(
+                    lambda: script(keys=keys, args=args), "limit_admit"
                 )
             except StoreError:
                 self._metrics.limiter_fail_open.inc()
