@@ -14,7 +14,7 @@ is Litestar's ``request.state``):
 key            set by              what
 =============  ==================  ====================================================
 request_id     here                the request's id
-tenant         gateway.admission   the caller's tenant (with tenants configured)
+caller         gateway.admission   the caller (``gateway.auth.Caller``): its tenant
 body           gateway.compaction  the chat request as parsed (model, stream, messages)
 report         gateway.exchange    the pipeline's report of the request as sent upstream
 attempts       gateway.exchange    upstream attempts (context-overflow retries included)
@@ -108,7 +108,13 @@ class AccessLog:
         state = scope["state"]
         status = response.status or 500  # uvicorn answers 500 when the app sent nothing
         route = scope.get("path_template") or UNMATCHED
-        tenant = str(state.get("tenant", "")) if self._tenanted else "passthrough"
+        caller = state.get("caller")
+        if not self._tenanted:
+            tenant = "passthrough"
+        elif caller is None:  # refused before the caller was known
+            tenant = ""
+        else:
+            tenant = caller.tenant
         body = state.get("body")
         model = body.get("model") if isinstance(body, dict) else None
         label = self._models(model, answered="usage" in state)

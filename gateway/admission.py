@@ -35,11 +35,8 @@ class Admission(ASGIMiddleware):
         if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
             raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")
         caller = await identify(gateway, Headers.from_scope(scope))
-        state = scope.setdefault("state", {})
-        state["caller"] = caller
+        scope.setdefault("state", {})["caller"] = caller
         tenant = caller.tenant
-        if tenant is not None:
-            state["tenant"] = tenant  # for the access log and metrics (gateway.access)
         key = "t:" + tenant if tenant is not None else namespace_id(caller.namespace)
         lease = await gateway.limiter.admit(key, tenant or "passthrough", caller.profile.limits)
         try:

@@ -49,6 +49,8 @@ _RELAYED: Final = frozenset({"retry-after", "retry-after-ms", "request-id"})
 class AnthropicUpstream(ResponseReading):
     __slots__ = ("_client", "max_tokens_for", "settings")
 
+    provider: Final = "anthropic"
+
     def __init__(
         self,
         settings: AnthropicSettings,

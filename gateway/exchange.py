@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Final, Protocol
@@ -32,7 +32,14 @@ from gateway.compaction import ChatRequest, recompact
 from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import first_event, is_event_stream
-from gateway.restore import RESTORE_TOOL, Restorer, has_refs, with_restore_tool
+from gateway.restore import (
+    RESTORE_TOOL,
+    Resend,
+    ResendStream,
+    Restorer,
+    has_refs,
+    with_restore_tool,
+)
 from gateway.sse import close
 from gateway.state import Gateway
 from gateway.upstream import ChatUpstream, is_context_overflow
@@ -53,9 +60,6 @@ log = logging.getLogger("contextgate.exchange")
 
 MAX_ATTEMPTS: Final = 3
 """Upstream attempts per request: the first, then up to two after a context overflow."""
-
-Resend = Callable[[list[dict[str, Any]]], Awaitable[bytes]]
-ResendStream = Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]]
 
 
 class UsageTracker(Protocol):
@@ -145,7 +149,6 @@ async def exchange(
     gateway: Gateway = request.app.state.gateway
     upstream = wire.upstream
     notes = request.scope["state"]  # what the access log and metrics read (gateway.access)
-    provider = "anthropic" if upstream is gateway.anthropic else "openai"
     own_ms = (perf_counter() - started) * 1000
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
@@ -177,7 +180,9 @@ async def exchange(
             events = call.streamed(response.status_code, upstream.events(response))
             first = await while_connected(request.receive, first_event(events))
             failed = wire.stream_error(first)
-            gateway.metrics.upstream_answered(provider, perf_counter() - sending, failed is None)
+            gateway.metrics.upstream_answered(
+                upstream.provider, perf_counter() - sending, failed is None
+            )
             if failed is not None:
                 await close(events)
                 status, body = failed
@@ -198,7 +203,9 @@ async def exchange(
         with call.current():
             body = await while_connected(request.receive, upstream.read_body(response, limit))
         call.answered(response.status_code, body)
-        gateway.metrics.upstream_answered(provider, perf_counter() - sending, response.is_success)
+        gateway.metrics.upstream_answered(
+            upstream.provider, perf_counter() - sending, response.is_success
+        )
         if attempt < MAX_ATTEMPTS and is_context_overflow(response.status_code, body):
             retry_started = perf_counter()
             smaller = await recompact(gateway, chat)

@@ -36,6 +36,8 @@ __all__ = [
     "MAX_ROUNDS",
     "RESTORE_TOOL",
     "RESTORE_TOOL_NAME",
+    "Resend",
+    "ResendStream",
     "RestoreStats",
     "Restorer",
     "add_usage",
@@ -45,6 +47,11 @@ __all__ = [
     "stream",
     "with_restore_tool",
 ]
+
+Resend = Callable[[list[dict[str, Any]]], Awaitable[bytes]]
+"""Sends the next restore round (the turns to add) and returns its whole answer."""
+ResendStream = Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]]
+"""Sends the next restore round and returns its stream: the first event and the rest."""
 
 RESTORE_TOOL_NAME: Final = "context_restore"
 MAX_ROUNDS: Final = 3
@@ -284,9 +291,7 @@ def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None
     return total
 
 
-async def complete(
-    body: bytes, restorer: Restorer, resend: Callable[[list[dict[str, Any]]], Awaitable[bytes]]
-) -> bytes:
+async def complete(body: bytes, restorer: Restorer, resend: Resend) -> bytes:
     """A non-streamed answer with its restore calls answered: while the model asks only to
     restore, answer and ask again (``resend`` returns the next answer's body, or raises
     ``GatewayError``). Returns the body the client gets."""
@@ -341,7 +346,7 @@ async def stream(
     first: bytes,
     events: AsyncIterator[bytes],
     restorer: Restorer,
-    resend: Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]],
+    resend: ResendStream,
 ) -> AsyncIterator[bytes]:
     """A streamed answer relayed with its restore calls answered in place: text deltas at
     once, the client's tool-call deltas once their name is known (renumbered to leave no

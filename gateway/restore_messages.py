@@ -16,14 +16,22 @@ drop the restore calls.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
 
 from gateway.codecs.anthropic import Accumulator, to_messages
 from gateway.codecs.anthropic_answers import messages_event
-from gateway.restore import MAX_ROUNDS, RESTORE_TOOL_NAME, Restorer, add_usage, chain
+from gateway.restore import (
+    MAX_ROUNDS,
+    RESTORE_TOOL_NAME,
+    Resend,
+    ResendStream,
+    Restorer,
+    add_usage,
+    chain,
+)
 from gateway.sse import close, event_data
 
 __all__ = ["complete", "stream"]
@@ -65,9 +73,7 @@ async def _answers(restorer: Restorer, blocks: list[dict[str, Any]]) -> dict[str
     return {"role": "user", "content": content}
 
 
-async def complete(
-    body: bytes, restorer: Restorer, resend: Callable[[list[dict[str, Any]]], Awaitable[bytes]]
-) -> bytes:
+async def complete(body: bytes, restorer: Restorer, resend: Resend) -> bytes:
     """A whole Messages answer with its restore calls answered: while the model asks only
     to restore, answer and ask again. Returns the body the client gets."""
     stats = restorer.stats
@@ -114,7 +120,7 @@ async def stream(
     first: bytes,
     events: AsyncIterator[bytes],
     restorer: Restorer,
-    resend: Callable[[list[dict[str, Any]]], Awaitable[tuple[bytes, AsyncIterator[bytes]]]],
+    resend: ResendStream,
 ) -> AsyncIterator[bytes]:
     """A Messages stream relayed with its restore calls answered in place; ``resend``
     opens the next round's stream (its first event and the rest)."""

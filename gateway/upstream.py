@@ -121,6 +121,12 @@ class ChatUpstream(Protocol):
 
     settings: UpstreamSettings
 
+    @property
+    def provider(self) -> str:
+        """Who answers, for metrics and spans: ``openai`` (any OpenAI-compatible server)
+        or ``anthropic``."""
+        ...
+
     async def send(
         self,
         method: str,
@@ -189,6 +195,8 @@ class Upstream(ResponseReading):
     """
 
     __slots__ = ("_clients", "_turn", "settings")
+
+    provider: Final = "openai"
 
     def __init__(
         self, settings: UpstreamSettings, *, transport: httpx.AsyncBaseTransport | None = None

@@ -31,7 +31,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from gateway.anthropic import AnthropicUpstream
 from gateway.sse import close, event_data
 from gateway.upstream import ChatUpstream
 
@@ -63,7 +62,7 @@ class UpstreamCall:
         model = str(request.get("model") or "")
         span = _tracer.start_span(f"chat {model}" if model else "chat", kind=SpanKind.CLIENT)
         if span.is_recording():
-            provider = "anthropic" if isinstance(upstream, AnthropicUpstream) else "openai"
+            provider = upstream.provider
             attributes: dict[str, AttributeValue] = {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": provider,

@@ -21,8 +21,7 @@ from gateway.anthropic import AnthropicUpstream
 from gateway.codecs.anthropic import usage_of
 from gateway.codecs.anthropic_answers import error_status
 from gateway.codecs.anthropic_inbound import to_request
-from gateway.exchange import Resend, ResendStream
-from gateway.restore import Restorer
+from gateway.restore import Resend, ResendStream, Restorer
 from gateway.sse import event_data
 from gateway.upstream import ChatUpstream
 
