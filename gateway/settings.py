@@ -233,6 +233,11 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_prompts: bool = False
     """Debugging only: put each chat request's messages in its access-log line. Prompts
     are the users' data; off, no prompt content is logged."""
+    shutdown_grace: float = 20.0
+    """Seconds in-flight requests and streams may take to finish after SIGTERM; then
+    what is left ends with a terminal error (``gateway_shutting_down``). Keep it below the
+    orchestrator's kill deadline (Kubernetes: ``terminationGracePeriodSeconds`` minus any
+    ``preStop`` delay) so the ending is the gateway's, not a SIGKILL."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
@@ -243,6 +248,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("body_timeout must be in (0, 3600] seconds")
         if not 4_096 <= self.max_header_bytes <= 1_048_576:
             raise ConfigError("max_header_bytes must be between 4096 and 1048576")
+        if not 0 <= self.shutdown_grace <= 3_600:
+            raise ConfigError("shutdown_grace must be in [0, 3600] seconds")
         bounds = self.policy_bounds()
         names: set[str] = set()
         hashes: set[str] = set()
@@ -356,6 +363,7 @@ def load_settings(
         data = loaded or {}
     overrides = {
         ("upstream", "base_url"): env.get("CONTEXTGATE_UPSTREAM_BASE_URL"),
+        ("upstream", "api_key"): env.get("CONTEXTGATE_UPSTREAM_API_KEY"),
         ("anthropic", "base_url"): env.get("CONTEXTGATE_ANTHROPIC_BASE_URL"),
         ("anthropic", "api_key"): env.get("CONTEXTGATE_ANTHROPIC_API_KEY"),
         ("redis_url",): env.get("REDIS_URL"),
