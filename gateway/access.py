@@ -165,6 +165,8 @@ class AccessLog:
             line["error_type"], line["error_code"] = error
         if escaped is not None:
             line["error_type"] = type(escaped).__name__
+        if state.get("drained"):
+            line["drained"] = True  # ended by the shutdown deadline (gateway.drain)
         if self._log_prompts and isinstance(body, dict):
             line["messages"] = body.get("messages")
         log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})

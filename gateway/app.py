@@ -13,6 +13,7 @@ from litestar.openapi import OpenAPIConfig
 from gateway.access import AccessLog
 from gateway.admission import Admission
 from gateway.codecs.anthropic_inbound import error_body
+from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.relay import error_response
 from gateway.routes.chat import chat_completions
@@ -129,5 +130,6 @@ def create_app(
     app.state.gateway = gateway
     # Around everything Litestar does for a request (routing, errors included), so that
     # every request is counted and logged; a tracing middleware goes around this one.
-    app.asgi_handler = AccessLog(app.asgi_handler, gateway)
+    # The drain is inside it, so a request ended at shutdown is logged as it was answered.
+    app.asgi_handler = AccessLog(Drain(app.asgi_handler, gateway.draining), gateway)
     return app

@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.drain import DrainingServer
 
     if args.log_level not in LEVELS:
         print(
@@ -77,7 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     configure_logging(args.log_level)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -86,11 +87,12 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,  # the gateway writes its own (gateway.access)
         loop="auto",
         http="auto",
-        timeout_graceful_shutdown=30,
         proxy_headers=False,
         server_header=False,
     )
-    return 0
+    server = DrainingServer(config, app.state.gateway.draining, settings.shutdown_grace)
+    server.run()
+    return 0 if server.started else 3  # 3: uvicorn's "could not start" (port taken, ...)
 
 
 def _compact(args: argparse.Namespace) -> int:

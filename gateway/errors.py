@@ -13,6 +13,7 @@
     ├── UpstreamUnreachable     502  upstream_error         upstream_unreachable
     ├── UpstreamStreamBroken    502  upstream_error         upstream_stream_error
     ├── UpstreamInvalidAnswer   502  upstream_error         upstream_invalid_answer
+    ├── ShuttingDown            503  server_error           gateway_shutting_down
     └── UpstreamTimeout         504  upstream_error         upstream_timeout
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
@@ -37,6 +38,7 @@ __all__ = [
     "RateLimited",
     "RequestRejectedError",
     "RequestTimeout",
+    "ShuttingDown",
     "UpstreamInvalidAnswer",
     "UpstreamStreamBroken",
     "UpstreamTimeout",
@@ -155,6 +157,16 @@ class UpstreamInvalidAnswer(GatewayError):
     status = 502
     type = "upstream_error"
     default_code = "upstream_invalid_answer"
+
+
+class ShuttingDown(GatewayError):
+    """The gateway stopped on SIGTERM and its grace period ran out before this request
+    finished (a 503, or a stream's terminal error event); sending it again reaches
+    another replica."""
+
+    status = 503
+    type = "server_error"
+    default_code = "gateway_shutting_down"
 
 
 class UpstreamTimeout(GatewayError):

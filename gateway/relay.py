@@ -21,12 +21,14 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
+from gateway.codecs.anthropic_answers import error_body
 from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
 from gateway.sse import close, error_event
 from gateway.upstream import relayable_response_headers
 
 __all__ = [
     "RelayStream",
+    "anthropic_error_event",
     "buffered_response",
     "error_response",
     "first_event",
@@ -76,6 +78,11 @@ ErrorEvent = Callable[[GatewayError], bytes]
 def openai_error_event(error: GatewayError) -> bytes:
     """The terminal event of an OpenAI stream that failed (the SDK raises on it)."""
     return error_event(error.message, type=error.type, code=error.code)
+
+
+def anthropic_error_event(error: GatewayError) -> bytes:
+    """The terminal event of a Messages stream that failed (the SDK raises on it)."""
+    return b"event: error\ndata: " + error_body(error.status, error.message) + b"\n\n"
 
 
 async def _relay(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gateway.anthropic import AnthropicUpstream
+from gateway.drain import Draining
 from gateway.errors import InvalidRequest
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
@@ -50,6 +51,8 @@ class Gateway:
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
     structured_refused: set[str] = field(default_factory=set)
     """Models whose provider refused structured output for summaries."""
+    draining: Draining = field(default_factory=Draining)
+    """Shutdown state: started on SIGTERM by ``gateway.drain.DrainingServer``."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from gateway.app import create_app
+from gateway.drain import DrainingServer
 from gateway.settings import Settings
 
 
@@ -35,10 +36,9 @@ class GatewayServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        gateway = self.app.state.gateway
+        self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -24,8 +24,11 @@ async def healthz() -> ASGIResponse:
 async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Ready to serve. A configured Redis that does not answer makes the gateway
     ``degraded`` (it still serves, keeping content rather than offloading it), not unready.
-    ``store_failures`` counts store operations that failed since start."""
+    ``store_failures`` counts store operations that failed since start. Once shutdown has
+    begun the answer is 503 ``draining``, so that load balancers stop sending requests."""
     gateway: Gateway = request.app.state.gateway
+    if gateway.draining.started:
+        return ASGIResponse(body=b'{"status":"draining"}', status_code=503, media_type=_JSON)
     store = await gateway.stores.status()
     status = "degraded" if store == "redis-unreachable" else "ready"
     failures = gateway.stores.redis.failures if gateway.stores.redis is not None else 0

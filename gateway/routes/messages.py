@@ -27,7 +27,6 @@ from litestar.response.base import ASGIResponse
 
 from gateway.codecs.anthropic_inbound import (
     EventTranslator,
-    error_body,
     error_from_openai,
     message_of,
     openai_request,
@@ -35,17 +34,16 @@ from gateway.codecs.anthropic_inbound import (
     to_request,
 )
 from gateway.compaction import compact_request, refuse_upstream_choice, request_body
-from gateway.errors import GatewayError
 from gateway.exchange import Buffered, exchange, with_restore
 from gateway.headers import report_headers
-from gateway.relay import buffered_response, streamed_response
+from gateway.relay import anthropic_error_event, buffered_response, streamed_response
 from gateway.restore import RESTORE_TOOL, chain
 from gateway.sse import event_data
 from gateway.state import Gateway
 from gateway.upstream import json_answer, upstream_request_headers
 from gateway.wires import ChatWire, MessagesWire
 
-__all__ = ["anthropic_error_event", "count_tokens", "messages"]
+__all__ = ["count_tokens", "messages"]
 
 _COUNTED: Final = frozenset(
     {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
@@ -161,8 +159,3 @@ async def _translated(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterat
             yield out
     finally:
         await chunks.aclose()
-
-
-def anthropic_error_event(error: GatewayError) -> bytes:
-    """The terminal event of a Messages stream that failed (the SDK raises on it)."""
-    return b"event: error\ndata: " + error_body(error.status, error.message) + b"\n\n"
