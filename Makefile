@@ -43,6 +43,7 @@ bench: install-dev
 	$(BIN)/python -m bench.store
 	$(BIN)/python -m bench.summaries
 	$(BIN)/python -m bench.cache
+	$(BIN)/python -m bench.replicas
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

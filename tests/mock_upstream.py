@@ -351,18 +351,25 @@ def _serve_forever() -> None:
     """``python -m tests.mock_upstream --port N``: a standalone mock for benchmarks.
 
     It answers chat requests with a fixed completion, or a recorded stream when the request
-    asks to stream, and keeps no history, so it costs the same on every path measured."""
+    asks to stream, and keeps no history, so it costs the same on every path measured.
+    ``--stream-interval`` paces a stream's events and ``--delay`` holds each completion, so
+    that a benchmark can keep many requests in flight at once (both 0 by default)."""
     import argparse
     import signal
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--stream-interval", type=float, default=0.0, help="seconds per event")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before a completion")
     args = parser.parse_args()
     events = recorded_stream("e2aad469b71d1d4894ff833ea147020a9d875eb7ce644a0ff355581690a4cbfd.bin")
-    completion = JSONReply(chat_completion())
+    completion = JSONReply(chat_completion(), delay=args.delay)
+    stream = SSEReply(events, interval=args.stream_interval)
 
-    def answer(received: Received) -> Reply:
-        return SSEReply(events) if b'"stream":true' in received.body else completion
+    def answer(received: Received) -> Reply | None:
+        if received.path.startswith("/v1/models"):
+            return None  # the model list, never held: it tells that the mock is up
+        return stream if b'"stream":true' in received.body else completion
 
     server = MockUpstream(record=False, port=args.port)
     server.handler = answer

@@ -1,0 +1,71 @@
+"""bench.load: the closed-loop load generator, against small servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.load import closed_loop
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+PAUSE = 0.005
+
+
+class Counting:
+    """A keep-alive HTTP/1.1 server that answers every request ``ok`` after ``PAUSE``
+    seconds, counting connections and requests."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                await asyncio.sleep(PAUSE)
+                self.requests += 1
+                writer.write(ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_connections_go_round_robin_over_the_ports_and_every_answer_is_timed() -> None:
+    """Six connections over two ports: three on each; one latency per answer, none shorter
+    than the server's pause."""
+    servers = [Counting(), Counting()]
+    listening = [await asyncio.start_server(s.serve, "127.0.0.1", 0) for s in servers]
+    ports = [server.sockets[0].getsockname()[1] for server in listening]
+    latencies: list[float] = []
+    try:
+        rps, failed = await closed_loop(
+            ports, "/v1/chat/completions", b"{}", concurrency=6, seconds=0.3, latencies=latencies
+        )
+    finally:
+        for server in listening:
+            server.close()
+            await server.wait_closed()
+    assert [s.connections for s in servers] == [3, 3]
+    assert failed == 0
+    assert rps > 0
+    assert len(latencies) == sum(s.requests for s in servers)
+    assert min(latencies) >= PAUSE * 1000
+
+
+async def test_a_single_port_still_works_without_latencies() -> None:
+    """The original call (one port, no latency list) sends every connection to that port."""
+    server = Counting()
+    listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    try:
+        rps, failed = await closed_loop(port, "/", b"{}", concurrency=2, seconds=0.1)
+    finally:
+        listening.close()
+        await listening.wait_closed()
+    assert (server.connections, failed) == (2, 0)
+    assert rps > 0
