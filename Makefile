@@ -1,11 +1,14 @@
-# contextgate: `make run` starts the gateway on 127.0.0.1:8080, `make test` runs every test.
+# contextgate: `make run` starts the gateway on 127.0.0.1:8080, `make test` runs every test
+# (the Helm chart's tests included: helm is fetched, pinned, into .tools/ on first use).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
+HELM   := .tools/helm
+CHART  := helm/contextgate
 
-.PHONY: run test lint fmt bench install install-dev clean
+.PHONY: run test lint helm-lint fmt bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,19 +22,26 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(VENV)/.installed $@
 
+$(HELM): .ci/fetch-helm
+	$(PYTHON) .ci/fetch-helm $@
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 run: install
 	$(BIN)/contextgate serve --host $(HOST) --port $(PORT)
 
-test: install-dev
+test: install-dev $(HELM)
 	$(BIN)/python -m pytest
 
-lint: install-dev
+lint: install-dev helm-lint
 	$(BIN)/ruff check gateway pipelines tests bench
 	$(BIN)/ruff format --check gateway pipelines
 	$(BIN)/mypy
+
+helm-lint: $(HELM)
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) --values $(CHART)/ci/full-values.yaml
 
 fmt: install-dev
 	$(BIN)/ruff format gateway pipelines tests bench
@@ -46,4 +56,4 @@ bench: install-dev
 	$(BIN)/python -m bench.replicas
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
