@@ -159,12 +159,18 @@ class ServeProcess:
     file, so that a long test never blocks it on a full pipe; ``log()`` reads it."""
 
     def __init__(
-        self, config: str, workdir: str, *args: str, env: dict[str, str] | None = None
+        self,
+        config: str,
+        workdir: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        ready_within: float = 30.0,
     ) -> None:
         """``args`` are added to ``contextgate serve``'s; ``env`` to this process's
         environment, which goes without its ``CONTEXTGATE_*``, ``REDIS*`` and ``OTEL_*``
-        variables."""
+        variables. Entering waits ``ready_within`` seconds at most for it to listen."""
         self.port = free_port()
+        self.ready_within = ready_within
         path = os.path.join(workdir, f"contextgate-{self.port}.yaml")
         with open(path, "w") as file:
             file.write(config)
@@ -195,11 +201,15 @@ class ServeProcess:
             )
 
     @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.url}/v1"
 
     def __enter__(self) -> ServeProcess:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.ready_within
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
@@ -220,6 +230,11 @@ class ServeProcess:
         with open(self._log, "rb") as stderr:
             return stderr.read().decode()
 
+    def kill(self) -> None:
+        """SIGKILL: the replica dies at once, its connections broken, nothing cleaned up."""
+        self.process.kill()
+        self.process.wait(10)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -228,3 +243,49 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+class Replicas:
+    """``count`` ``contextgate serve`` processes with one configuration (naming one Redis,
+    they are the replicas of one deployment), started at once and stopped on exit.
+    ``revive()`` replaces the ones that died (a test killed them) with new processes."""
+
+    READY_WITHIN = 90.0
+    """Seconds each may take to listen: several starting at once on a small, busy
+    machine share its cores (three took 25 s on two)."""
+
+    def __init__(self, config: str, workdir: str, count: int) -> None:
+        self.config, self.workdir = config, workdir
+        self.processes = [self._started() for _ in range(count)]
+
+    def _started(self) -> ServeProcess:
+        return ServeProcess(self.config, self.workdir, ready_within=self.READY_WITHIN)
+
+    def __enter__(self) -> Replicas:
+        try:
+            for process in self.processes:
+                process.__enter__()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __getitem__(self, index: int) -> ServeProcess:
+        return self.processes[index]
+
+    def __iter__(self) -> Iterator[ServeProcess]:
+        return iter(self.processes)
+
+    def revive(self) -> None:
+        dead = [i for i, p in enumerate(self.processes) if p.process.poll() is not None]
+        for index in dead:
+            self.processes[index] = self._started()
+        for index in dead:
+            self.processes[index].__enter__()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()

@@ -8,7 +8,8 @@ while a reply was in flight (``disconnects``), with the time it happened.
 Reply kinds: ``JSONReply`` (any status, body and headers, optionally delayed), ``SSEReply``
 (events sent one by one, with a first-byte delay, a pause between events, and an ending:
 a clean end, a dropped connection, or silence), ``Drop`` (close without answering) and
-``Hang`` (never answer).
+``Hang`` (never answer). ``SummaryModel`` is a handler that answers the gateway's summary
+calls, counting them, and the chat traffic beside them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+
+from pipelines.summary import FIELDS, LIST_FIELDS, key_entities
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -337,6 +340,53 @@ _REASONS = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+
+
+class SummaryModel:
+    """A ``MockUpstream.handler`` playing the summary model beside the chat model.
+    Requests with ``response_format`` are the gateway's summary calls: each is counted
+    and answered, after ``delay``, with a valid summary that keeps every key entity of
+    its input (so one attempt suffices), or with ``overflow`` (a context-length error)
+    while ``overflows(body)`` says so. Other requests are the chat traffic, answered
+    "ok"."""
+
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        goal: str = "Change the reservation.",
+        overflows: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        self.delay, self.goal, self.overflows = delay, goal, overflows
+        self.calls: list[dict[str, Any]] = []
+        """The summary requests, in the order they came."""
+        self.answers: list[dict[str, Any]] = []
+        """The summaries given, in the same order (none for an overflow)."""
+        self._lock = threading.Lock()
+
+    def __call__(self, received: Received) -> JSONReply:
+        body = received.json()
+        if "response_format" not in body:
+            return JSONReply(chat_completion("ok"))
+        with self._lock:
+            self.calls.append(body)
+        if self.overflows is not None and self.overflows(body):
+            error = {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            }
+            return JSONReply(error, status=400)
+        text = "\n".join(str(m.get("content")) for m in body["messages"])
+        summary = {n: ([] if n in LIST_FIELDS else "") for n in FIELDS} | {
+            "user_goal": self.goal,
+            "key_findings": sorted(key_entities([text])),
+        }
+        with self._lock:
+            self.answers.append(summary)
+        return JSONReply(chat_completion(orjson.dumps(summary).decode()), delay=self.delay)
 
 
 def events_of(chunks: Iterable[dict[str, Any]], done: bool = True) -> list[bytes]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,54 +23,13 @@ import redis
 from bench.compaction import requests_of
 from gateway.settings import Settings, UpstreamSettings
 from pipelines import ModelInfo
-from pipelines.summary import FIELDS, LIST_FIELDS, key_entities
+from pipelines.summary import FIELDS, LIST_FIELDS
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, Received, chat_completion
+from tests.mock_upstream import JSONReply, MockUpstream, Received, SummaryModel, chat_completion
 from tests.openai_schema import assert_valid_request
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 POLICY = "max-input=8000"
-
-
-class SummaryModel:
-    """The mock upstream's handler. Requests with ``response_format`` are the gateway's
-    summary calls: each is counted and answered, after ``delay``, with a valid summary
-    that keeps every key entity of its input (so one attempt suffices), or with
-    ``overflow`` (a context-length error) while ``overflows(body)`` says so. Other
-    requests are the chat traffic, answered "ok"."""
-
-    def __init__(
-        self,
-        *,
-        delay: float = 0.0,
-        goal: str = "Change the reservation.",
-        overflows: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> None:
-        self.delay, self.goal, self.overflows = delay, goal, overflows
-        self.calls: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, received: Received) -> JSONReply:
-        body = received.json()
-        if "response_format" not in body:
-            return JSONReply(chat_completion("ok"))
-        with self._lock:
-            self.calls.append(body)
-        if self.overflows is not None and self.overflows(body):
-            error = {
-                "error": {
-                    "message": "This model's maximum context length is 8192 tokens.",
-                    "type": "invalid_request_error",
-                    "code": "context_length_exceeded",
-                }
-            }
-            return JSONReply(error, status=400)
-        text = "\n".join(str(m.get("content")) for m in body["messages"])
-        summary = {n: ([] if n in LIST_FIELDS else "") for n in FIELDS} | {
-            "user_goal": self.goal,
-            "key_findings": sorted(key_entities([text])),
-        }
-        return JSONReply(chat_completion(orjson.dumps(summary).decode()), delay=self.delay)
 
 
 def trajectories() -> list[dict[str, Any]]:
