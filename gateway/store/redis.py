@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.settings import StoreSettings
@@ -229,7 +229,8 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.settings.timeout):
                 result = await operation()
-        except (RedisError, OSError, TimeoutError) as exc:
+        # RedisClusterException (no node reachable, a slot not covered) is not a RedisError.
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             slow = isinstance(exc, TimeoutError | RedisTimeoutError)
             self.breaker.failure(slow=slow)
             self._failed(what)
