@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -72,6 +73,7 @@ class _Processes:
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
                 process.terminate()
         for process in self.processes.values():
             try:
@@ -193,6 +195,14 @@ class ClusterDeployment:
             client(port).execute_command("CLUSTER", "INFO").decode().count("cluster_state:ok")
             for port in self.ports
         )
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node: its connections stay open and nothing answers. Resume it
+        within ``cluster-node-timeout`` (2 s) or the others mark it failed."""
+        self._processes.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self._processes.processes[port].send_signal(signal.SIGCONT)
 
     def keys_by_node(self, pattern: str) -> dict[int, int]:
         """How many keys matching ``pattern`` each node holds."""

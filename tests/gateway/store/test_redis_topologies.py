@@ -5,6 +5,7 @@ over its nodes."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +16,11 @@ import orjson
 import pytest
 
 from gateway.settings import Settings, StoreSettings, UpstreamSettings
+from gateway.store.redis import RedisBackend, RedisStore
+from pipelines import StoreError
 from tests.gateway.test_limits import KEY, chat, limited
 from tests.gateway.test_summaries import SummaryModel, chat_requests, post, recalled, turns
-from tests.harness import GatewayServer
+from tests.harness import GatewayServer, free_port
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 from tests.redis_topologies import (
     ClusterDeployment,
@@ -29,6 +32,7 @@ from tests.redis_topologies import (
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 CALLER = "sk-topologies"
+STORE = StoreSettings(timeout=0.5, breaker_cooldown=0.3)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def settings(upstream: MockUpstream, url: str, **overrides: Any) -> Settings:
     return Settings(
         upstream=UpstreamSettings(base_url=upstream.base_url),
         redis_url=url,
-        store=StoreSettings(timeout=0.5, breaker_cooldown=0.3),
+        store=STORE,
         **{"summaries": False, **overrides},
     )
 
@@ -153,6 +157,44 @@ def test_a_cluster_spreads_objects_over_its_nodes(
     assert restored == [output.encode() for output in outputs]
     holding = [count for count in cluster.keys_by_node("cg:o:*").values() if count]
     assert len(holding) > 1
+
+
+async def test_a_paused_cluster_node_costs_at_most_the_timeout(
+    cluster: ClusterDeployment,
+) -> None:
+    """A node that stops answering: writes whose key it holds fail within the store
+    timeout (then at once, the circuit open); once it answers again, writes succeed."""
+    timeout = 0.2
+    store = RedisStore(
+        RedisBackend(cluster.url, StoreSettings(timeout=timeout, breaker_cooldown=0.3))
+    )
+    await store.put("ns", b"discover the cluster", ttl=60)
+    cluster.pause(cluster.ports[0])
+    failed = 0
+    try:
+        for n in range(12):  # some land on the paused node's slots
+            started = time.monotonic()
+            try:
+                await store.put("ns", f"while paused {n}".encode(), ttl=60)
+            except StoreError:
+                failed += 1
+            assert time.monotonic() - started < timeout + 0.15
+    finally:
+        cluster.resume(cluster.ports[0])
+    assert failed
+    await asyncio.sleep(0.35)
+    ref = await store.put("ns", b"after the pause", ttl=60)
+    assert await store.get("ns", ref) == b"after the pause"
+    await store.backend.aclose()
+
+
+async def test_an_unreachable_cluster_fails_within_the_timeout() -> None:
+    store = RedisStore(RedisBackend(f"redis+cluster://127.0.0.1:{free_port()}", STORE))
+    started = time.monotonic()
+    with pytest.raises(StoreError):
+        await store.put("ns", b"nowhere to go", ttl=60)
+    assert time.monotonic() - started < STORE.timeout + 0.15
+    await store.backend.aclose()
 
 
 def test_offloads_and_restores_go_on_after_a_sentinel_failover(upstream: MockUpstream) -> None:
