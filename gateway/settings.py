@@ -199,7 +199,12 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     upstream: UpstreamSettings = msgspec.field(default_factory=UpstreamSettings)
     anthropic: AnthropicSettings = msgspec.field(default_factory=AnthropicSettings)
     redis_url: str | None = None
-    """Redis for the offload store and conversation records; ``None``: in memory."""
+    """Redis for the offload store, conversation records and limits (``REDIS_URL``);
+    ``None``: in memory. One server: ``redis://host:6379/0`` (``rediss://`` for TLS).
+    Sentinel: ``redis+sentinel://[:password@]host:26379[,host:26379...]/<service>[/<db>]``
+    (``?sentinel_password=`` when the sentinels want one of their own). Cluster or Valkey
+    cluster: ``redis+cluster://[:password@]host:6379[,host:6379...]``. ``rediss+sentinel``
+    and ``rediss+cluster`` for TLS."""
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
@@ -250,6 +255,14 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("max_header_bytes must be between 4096 and 1048576")
         if not 0 <= self.shutdown_grace <= 3_600:
             raise ConfigError("shutdown_grace must be in [0, 3600] seconds")
+        if self.redis_url is not None:
+            # Imported here: the store package imports this module.
+            from gateway.store.topologies import RedisTopology
+
+            try:
+                RedisTopology.parse(self.redis_url)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
         bounds = self.policy_bounds()
         names: set[str] = set()
         hashes: set[str] = set()

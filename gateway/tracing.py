@@ -34,6 +34,7 @@ from opentelemetry import trace
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from opentelemetry.sdk.trace.export import SpanExporter
+    from redis.asyncio.cluster import RedisCluster
 
 __all__ = [
     "configure_tracing",
@@ -119,7 +120,7 @@ def traced_sdk_transport(transport: httpx2.AsyncBaseTransport) -> httpx2.AsyncBa
     return AsyncOpenTelemetryTransportHttpx2(transport)  # type: ignore[arg-type]
 
 
-def trace_redis(client: aioredis.Redis) -> None:
+def trace_redis(client: aioredis.Redis | RedisCluster) -> None:
     """A client span per command or pipeline of ``client``, when tracing is on. The
     instrumentation records a command's name and ``?`` for each argument, never keys or
     values (which hold offloaded content)."""

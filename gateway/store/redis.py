@@ -1,4 +1,6 @@
 """The Redis backend: offloaded objects and conversation records shared by every replica.
+Redis is one server, a primary found through Sentinel, or a cluster
+(``gateway.store.topologies`` reads which from ``redis_url``).
 
 Every operation is bounded by ``store.timeout`` (socket timeouts, no client retries, and an
 ``asyncio`` deadline around the call), so a slow or dead Redis costs a request at most
@@ -27,9 +29,12 @@ record at the start of each request: while it is unchanged Redis has not lost da
 objects this process stored (within half their TTL, at most an hour) are taken as still
 there without asking. A missing or changed epoch (a restart without persistence, a flush),
 or any failure, forgets them all; then an object is confirmed with ``EXPIRE`` (which also
-renews its TTL) and sent again only if it is gone. Redis must not evict keys on its own
-(``maxmemory-policy noeviction``): an evicted object would be gone whatever the gateway
-did.
+renews its TTL) and sent again only if it is gone. In a cluster each node can lose its
+keys on its own while the epoch lives on one of them, so there the epoch vouches for
+nothing and known objects are always confirmed; with Sentinel, a change of primary
+forgets them too (the replica promoted may lack the last writes). Redis must not evict
+keys on its own (``maxmemory-policy noeviction``): an evicted object would be gone
+whatever the gateway did.
 """
 
 from __future__ import annotations
@@ -44,14 +49,12 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
-import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from gateway.settings import StoreSettings
 from gateway.store.refs import make_ref
+from gateway.store.topologies import RedisClient, RedisTopology, connect
 from gateway.tracing import trace_redis
 from pipelines import ConversationState, StoreError
 
@@ -136,6 +139,7 @@ class RedisBackend:
 
     __slots__ = (
         "_configured",
+        "_connected",
         "_secret",
         "_secret_confirmed",
         "_secret_lock",
@@ -147,24 +151,18 @@ class RedisBackend:
         "failures",
         "known",
         "settings",
+        "trusts_epoch",
     )
 
     def __init__(self, url: str, settings: StoreSettings) -> None:
         self.settings = settings
-        # A blocking pool: past ``max_connections`` a call waits for a free connection
-        # (within its deadline) instead of failing at once, as the default pool does.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=settings.max_connections,
-            timeout=settings.timeout,
-            socket_timeout=settings.timeout,
-            socket_connect_timeout=settings.timeout,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        topology = RedisTopology.parse(url)
+        self._connected = connect(topology, settings, on_new_primary=self.forget)
+        self.client: RedisClient = self._connected.client
         trace_redis(self.client)
+        self.trusts_epoch = topology.kind != "cluster"
+        """Whether one epoch vouches for every object: not in a cluster, where each node
+        can lose its keys on its own while the epoch lives on one of them."""
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown)
         self.failures = 0
         """Operations that failed (timeouts, refused connections, errors) or were refused
@@ -187,6 +185,8 @@ class RedisBackend:
 
     def trusted(self, key: str) -> bool:
         """Whether ``key`` is known to be stored, as of an epoch confirmed just now."""
+        if not self.trusts_epoch:
+            return False
         now = time.monotonic()
         until = self.known.get(key)
         return until is not None and until > now and now - self.confirmed_at < _CONFIRMED_FOR
@@ -229,19 +229,26 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.settings.timeout):
                 result = await operation()
-        except (RedisError, OSError, TimeoutError) as exc:
+        # RedisClusterException (no node reachable, a slot not covered) is not a RedisError.
+        except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             slow = isinstance(exc, TimeoutError | RedisTimeoutError)
             self.breaker.failure(slow=slow)
             self._failed(what)
-            self.known.clear()
-            self.confirmed_at = 0.0
-            self._secret_confirmed = self._configured
+            self.forget()
             raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
         except asyncio.CancelledError:
             self.breaker.release()
             raise
         self.breaker.success()
         return result
+
+    def forget(self) -> None:
+        """Trust nothing learnt from Redis so far (after a failure, or a failover to a
+        replica that may lack the last writes): known objects are confirmed again, and
+        the secret is published again before the next write."""
+        self.known.clear()
+        self.confirmed_at = 0.0
+        self._secret_confirmed = self._configured
 
     def _failed(self, what: str) -> None:
         self.failures += 1
@@ -287,8 +294,7 @@ class RedisBackend:
         return True
 
     async def aclose(self) -> None:
-        await self.client.aclose()
-        await self.client.connection_pool.disconnect()
+        await self._connected.aclose()
 
 
 def namespace_id(namespace: str) -> str:

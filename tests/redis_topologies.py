@@ -1,0 +1,234 @@
+"""Redis deployments other than one server, for tests: a Sentinel-managed primary with one
+replica, and a three-node Redis Cluster. Each runs redis-server processes of its own on
+free loopback ports in a temporary directory, and is gone afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import redis
+
+from tests.harness import free_port
+
+SERVICE = "cg-primary"
+"""The name the sentinel monitors the primary under."""
+
+_BOOT_SECONDS = 10.0
+
+
+def _binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH")
+    return binary
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll ``condition`` (errors count as not yet) until true, or fail naming ``what``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(redis.RedisError, OSError):
+            if condition():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def client(port: int) -> redis.Redis:
+    """A plain client of one process, every call bounded."""
+    return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
+
+
+class _Processes:
+    """redis-server processes started from configuration files in one temporary directory."""
+
+    def __init__(self) -> None:
+        self.binary = _binary()
+        self.dir = Path(tempfile.mkdtemp(prefix="cg-redis-"))
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, port: int, config: str, *args: str) -> None:
+        path = self.dir / f"{port}.conf"
+        path.write_text(
+            f"port {port}\nbind 127.0.0.1\nsave ''\nappendonly no\ndir {self.dir}\n"
+            f"logfile {self.dir / f'{port}.log'}\n{config}"
+        )
+        self.processes[port] = subprocess.Popen(
+            [self.binary, str(path), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def ping(self, port: int) -> None:
+        wait_for(lambda: bool(client(port).ping()), _BOOT_SECONDS, f"redis on port {port}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelDeployment:
+    """A primary, one replica of it, and one sentinel (quorum 1) watching them."""
+
+    def __init__(self, processes: _Processes) -> None:
+        self._processes = processes
+        self.primary, self.replica, self.sentinel = free_port(), free_port(), free_port()
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}/0"
+
+    def start(self) -> None:
+        self._processes.start(self.primary, "repl-diskless-sync-delay 0\n")
+        self._processes.start(self.replica, f"replicaof 127.0.0.1 {self.primary}\n")
+        self._processes.ping(self.primary)
+        self._processes.ping(self.replica)
+        wait_for(self._replica_in_sync, _BOOT_SECONDS, "the replica to sync")
+        self._processes.start(
+            self.sentinel,
+            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 5000\n",
+            "--sentinel",
+        )
+        self._processes.ping(self.sentinel)
+        wait_for(self._sentinel_sees_replica, _BOOT_SECONDS, "the sentinel to see the replica")
+
+    def _replica_in_sync(self) -> bool:
+        info = client(self.replica).info("replication")
+        return info.get("master_link_status") == "up"
+
+    def _sentinel_sees_replica(self) -> bool:
+        replicas = client(self.sentinel).sentinel_slaves(SERVICE)
+        return any(
+            r["port"] == self.replica and not r["is_sdown"] and not r["is_disconnected"]
+            for r in replicas
+        )
+
+    def primary_port(self) -> int:
+        """The port of the primary, as the sentinel names it."""
+        _, port = client(self.sentinel).sentinel_get_master_addr_by_name(SERVICE)
+        return int(port)
+
+    def fail_over(self, seconds: float = 20.0) -> int:
+        """Once the replica has what the primary acknowledged (``WAIT``), have the
+        sentinel promote it, and wait until the old primary has been turned into its
+        replica (the sentinel does that some seconds later, closing its clients'
+        connections); the new primary's port."""
+        old = self.primary_port()
+        acknowledged = client(old).execute_command("WAIT", 1, 5_000)
+        assert acknowledged == 1, "the replica did not acknowledge the writes"
+        # Refused (NOGOODSLAVE) until the sentinel has pinged the replica: ask again.
+        wait_for(
+            lambda: bool(client(self.sentinel).execute_command("SENTINEL", "FAILOVER", SERVICE)),
+            seconds,
+            "the sentinel to accept the failover",
+        )
+        wait_for(lambda: self.primary_port() != old, seconds, "the sentinel to promote")
+        new = self.primary_port()
+        wait_for(
+            lambda: (
+                client(new).info("replication")["role"] == "master"
+                and client(old).info("replication")["role"] == "slave"
+            ),
+            seconds,
+            "the old primary to become a replica",
+        )
+        return new
+
+
+class ClusterDeployment:
+    """Three primaries sharing the 16384 slots, no replicas."""
+
+    def __init__(self, processes: _Processes) -> None:
+        self._processes = processes
+        self.ports = [free_port() for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
+
+    def start(self) -> None:
+        for port in self.ports:
+            self._processes.start(
+                port,
+                f"cluster-enabled yes\ncluster-port {free_port()}\n"
+                f"cluster-config-file nodes-{port}.conf\ncluster-node-timeout 2000\n",
+            )
+        for port in self.ports:
+            self._processes.ping(port)
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=_BOOT_SECONDS,
+        )
+        wait_for(self._ready, _BOOT_SECONDS, "the cluster to be ok on every node")
+
+    def _ready(self) -> bool:
+        return all(
+            client(port).execute_command("CLUSTER", "INFO").decode().count("cluster_state:ok")
+            for port in self.ports
+        )
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node: its connections stay open and nothing answers. Resume it
+        within ``cluster-node-timeout`` (2 s) or the others mark it failed."""
+        self._processes.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self._processes.processes[port].send_signal(signal.SIGCONT)
+
+    def keys_by_node(self, pattern: str) -> dict[int, int]:
+        """How many keys matching ``pattern`` each node holds."""
+        return {
+            port: sum(1 for _ in client(port).scan_iter(pattern, count=1_000))
+            for port in self.ports
+        }
+
+
+@contextlib.contextmanager
+def sentinel_deployment() -> Iterator[SentinelDeployment]:
+    processes = _Processes()
+    try:
+        deployment = SentinelDeployment(processes)
+        deployment.start()
+        yield deployment
+    finally:
+        processes.stop()
+
+
+@contextlib.contextmanager
+def cluster_deployment() -> Iterator[ClusterDeployment]:
+    processes = _Processes()
+    try:
+        deployment = ClusterDeployment(processes)
+        deployment.start()
+        yield deployment
+    finally:
+        processes.stop()
