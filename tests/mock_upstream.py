@@ -98,6 +98,19 @@ def chat_completion(content: str = "Hello from the mock.", model: str = "gpt-4o"
     }
 
 
+def chat_chunk(
+    delta: dict[str, Any], finish: str | None = None, model: str = "gpt-4o"
+) -> dict[str, Any]:
+    """One chunk of a streamed chat completion."""
+    return {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
 def recorded_stream(name: str) -> list[bytes]:
     """The events of a recorded OpenAI stream fixture, each with its terminator."""
     data = (FIXTURES / "openai-recorded" / name).read_bytes()

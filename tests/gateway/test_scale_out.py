@@ -33,6 +33,7 @@ from tests.mock_upstream import (
     Received,
     SSEReply,
     SummaryModel,
+    chat_chunk,
     chat_completion,
     events_of,
 )
@@ -149,31 +150,23 @@ def calling_restore(ref: str) -> dict[str, Any]:
     return reply
 
 
-def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-scale",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-
-
 def words(name: str, count: int) -> list[str]:
     return [f"{name}-{n:02d} " for n in range(count)]
 
 
 def slow_stream(texts: list[str], interval: float) -> SSEReply:
     """An answer streamed one piece of text every ``interval`` seconds."""
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"content": text}) for text in texts]
-    return SSEReply(events_of([*chunks, chunk({}, "stop")]), interval=interval)
+    chunks = [chat_chunk({"role": "assistant", "content": ""})]
+    chunks += [chat_chunk({"content": text}) for text in texts]
+    return SSEReply(events_of([*chunks, chat_chunk({}, "stop")]), interval=interval)
 
 
 def streamed_restore(ref: str) -> SSEReply:
     call = {**restore_call(ref), "index": 0}
     return SSEReply(
-        events_of([chunk({"role": "assistant", "tool_calls": [call]}), chunk({}, "tool_calls")])
+        events_of(
+            [chat_chunk({"role": "assistant", "tool_calls": [call]}), chat_chunk({}, "tool_calls")]
+        )
     )
 
 
@@ -386,7 +379,7 @@ def test_killing_a_replica_mid_stream_breaks_only_its_own_streams(
             retried.append(received)  # B's conversation again, now through A
             if len(retried) == 1:
                 return streamed_restore(refs_in(received)[0])
-            return SSEReply(events_of([chunk({"content": "BK0007."}), chunk({}, "stop")]))
+            return SSEReply(events_of([chat_chunk({"content": "BK0007."}), chat_chunk({}, "stop")]))
         return slow_stream(words(name, count), interval=0.1)
 
     upstream.handler = answer

@@ -20,7 +20,15 @@ import orjson
 import pytest
 
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, Received, Reply, SSEReply, events_of
+from tests.mock_upstream import (
+    JSONReply,
+    MockUpstream,
+    Received,
+    Reply,
+    SSEReply,
+    chat_chunk,
+    events_of,
+)
 from tests.otlp_receiver import OTLPReceiver
 
 GRACE = 3.0
@@ -29,18 +37,8 @@ KEY = "sk-shutdown-test"
 
 def chunks(words: int) -> list[bytes]:
     """A streamed completion of ``words`` words, ``w0 w1 ...``."""
-    pieces: list[dict[str, Any]] = [
-        {
-            "id": "chatcmpl-drain",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "gpt-4o",
-            "choices": [{"index": 0, "delta": {"content": f"w{n} "}, "finish_reason": None}],
-        }
-        for n in range(words)
-    ]
-    pieces.append({**pieces[0], "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    return events_of(pieces)
+    pieces = [chat_chunk({"content": f"w{n} "}) for n in range(words)]
+    return events_of([*pieces, chat_chunk({}, "stop")])
 
 
 def full_text(words: int) -> str:
