@@ -194,6 +194,9 @@ def test_redis_url_goes_to_the_in_chart_redis_by_default(default: Objects) -> No
     deployment = one(default, "Deployment", "redis")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].startswith("redis:7")
+    # Never evict: an evicted object is a ref that can no longer be restored.
+    policy = container["args"].index("--maxmemory-policy")
+    assert container["args"][policy + 1] == "noeviction"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert redis["spec"]["selector"].items() <= (
