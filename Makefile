@@ -8,7 +8,7 @@ PORT   ?= 8080
 HELM   := .tools/helm
 CHART  := helm/contextgate
 
-.PHONY: run test lint helm-lint fmt bench install install-dev clean
+.PHONY: run test lint helm-lint fmt bench fuzz-deep install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ helm-lint: $(HELM)
 fmt: install-dev
 	$(BIN)/ruff format gateway pipelines tests bench
 	$(BIN)/ruff check --fix gateway pipelines tests bench
+
+# Hypothesis and schemathesis against a running gateway with many more examples than CI's.
+fuzz-deep: install-dev
+	CONTEXTGATE_FUZZ=deep $(BIN)/python -m pytest tests/reliability/test_fuzz.py \
+		tests/reliability/test_corpus.py tests/reliability/test_schemathesis.py \
+		--hypothesis-show-statistics
 
 bench: install-dev
 	$(BIN)/python -m bench.overhead

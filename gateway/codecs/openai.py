@@ -73,7 +73,7 @@ def _check_message(index: int, message: Any) -> None:
     if not isinstance(message, dict):
         raise type_error(f"messages[{index}]", "an object", message)
     role = message.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object is unhashable
         param = f"messages[{index}].role"
         raise InvalidRequest(
             f"Invalid value for '{param}': expected one of {', '.join(sorted(_ROLES))},"

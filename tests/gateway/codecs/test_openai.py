@@ -81,3 +81,13 @@ def test_a_tool_call_function_must_be_an_object() -> None:
     with pytest.raises(InvalidRequest) as caught:
         parse_chat_request(orjson.dumps(body))
     assert caught.value.param == "messages[0].tool_calls[0].function"
+
+
+@pytest.mark.parametrize("role", [["user"], {"user": 1}])
+def test_a_role_that_is_a_container_is_invalid_value(role: object) -> None:
+    """A role given as an array or object is ``invalid_value`` (it once failed with a 500)."""
+    body = {"model": "gpt-4o", "messages": [{"role": role, "content": "hi"}]}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request(orjson.dumps(body))
+    assert caught.value.code == "invalid_value"
+    assert caught.value.param == "messages[0].role"
