@@ -16,12 +16,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
-from tests.harness import RedisServer, ServeProcess, redis_server
+from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+from tests.harness import GatewayServer, RedisServer, ServeProcess, free_port, redis_server
 from tests.mock_upstream import (
+    Drop,
+    Hang,
     JSONReply,
     MockUpstream,
     Received,
@@ -314,3 +319,210 @@ def test_redis_killed_restarted_empty_paused_and_resumed_under_traffic(
     assert offloading.get("resumed", 0) > 0
     assert lost == []
     assert wrong == []
+
+
+# -- 2. Upstream faults: relayed as they came, never retried -------------------------------
+
+READ_TIMEOUT = 0.5
+CLAUDE, GPT = "claude-sonnet-4-6", "gpt-4o"
+ROUTES = [("chat", GPT), ("chat", CLAUDE), ("messages", CLAUDE), ("messages", GPT)]
+RATE_HEADERS = {
+    "retry-after": "7",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "7s",
+    "anthropic-ratelimit-requests-remaining": "0",
+    "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:07Z",
+}
+ANTHROPIC_TYPES = {
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+"""Anthropic's error type for each status (the Messages route's envelope)."""
+
+
+def upstream_error(status: int, model: str) -> dict[str, Any]:
+    """The error body the model's provider sends for ``status``."""
+    message = f"upstream says {status}"
+    if model.startswith("claude"):
+        return {"type": "error", "error": {"type": ANTHROPIC_TYPES[status], "message": message}}
+    return {
+        "error": {"message": message, "type": "server_error", "param": None, "code": f"c{status}"}
+    }
+
+
+def expected_body(route: str, model: str, status: int) -> dict[str, Any]:
+    """What the client gets for an upstream ``status``: the provider's body untouched when
+    the route speaks its format, else the route's envelope (docs/API.md, Errors)."""
+    sent = upstream_error(status, model)
+    if route == "chat" and model.startswith("claude"):
+        kind = ANTHROPIC_TYPES[status]
+        error = {"message": f"upstream says {status}", "type": kind, "param": None, "code": kind}
+        return {"error": error}
+    if route == "messages" and not model.startswith("claude"):
+        return {
+            "type": "error",
+            "error": {"type": ANTHROPIC_TYPES[status], "message": f"upstream says {status}"},
+        }
+    return sent
+
+
+def relayed_headers(route: str, model: str) -> set[str]:
+    """The rate-limit headers that reach the client: all of them, except from Anthropic
+    through the chat route, which keeps ``retry-after`` and Anthropic's own."""
+    if route == "chat" and model.startswith("claude"):
+        return {name for name in RATE_HEADERS if not name.startswith("x-ratelimit")}
+    return set(RATE_HEADERS)
+
+
+def ask_route(base_url: str, route: str, model: str, stream: bool) -> httpx.Response:
+    messages = [{"role": "user", "content": "Say hello."}]
+    if route == "chat":
+        path, body = "chat/completions", {"model": model, "messages": messages}
+    else:
+        path, body = "messages", {"model": model, "max_tokens": 16, "messages": messages}
+    return httpx.post(
+        f"{base_url}/{path}",
+        json={**body, "stream": stream},
+        headers={"authorization": "Bearer sk-faults", "x-api-key": "sk-faults"},
+        timeout=10,
+    )
+
+
+def gateway_error(route: str, response: httpx.Response) -> tuple[str, str]:
+    """(type, message or code) of one of the gateway's own errors, in the route's envelope."""
+    body = response.json()
+    if route == "messages":
+        assert body["type"] == "error"
+        return body["error"]["type"], body["error"]["message"]
+    return body["error"]["type"], body["error"]["code"]
+
+
+@pytest.fixture(scope="module")
+def faulty(mock_upstream: MockUpstream) -> Iterator[str]:
+    """A gateway in front of the mock for both providers, with short upstream timeouts."""
+    settings = Settings(
+        upstream=UpstreamSettings(
+            base_url=mock_upstream.base_url, read_timeout=READ_TIMEOUT, connect_timeout=0.5
+        ),
+        anthropic=AnthropicSettings(base_url=mock_upstream.base_url.removesuffix("/v1")),
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        yield server.base_url
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("status", [429, 500, 503, 529])
+@pytest.mark.parametrize(("route", "model"), ROUTES, ids=[f"{r}-{m[:6]}" for r, m in ROUTES])
+def test_an_upstream_error_status_is_relayed_once_with_its_headers(
+    faulty: str, upstream: MockUpstream, route: str, model: str, status: int, stream: bool
+) -> None:
+    """429, 500, 503 and 529 reach the client with their status, body (in the route's
+    envelope) and rate-limit headers, after exactly one upstream attempt."""
+    upstream.push(JSONReply(upstream_error(status, model), status=status, headers=RATE_HEADERS))
+    response = ask_route(faulty, route, model, stream)
+    assert response.status_code == status
+    assert response.json() == expected_body(route, model, status)
+    for name in relayed_headers(route, model):
+        assert response.headers[name] == RATE_HEADERS[name], name
+    assert response.headers.get("x-contextgate-attempts", "1") == "1"
+    assert len(upstream.received) == 1  # no retry: the client's SDK decides
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    ("fault", "status", "code"),
+    [("hang", 504, "upstream_timeout"), ("reset", 502, "upstream_unreachable")],
+)
+@pytest.mark.parametrize(("route", "model"), ROUTES, ids=[f"{r}-{m[:6]}" for r, m in ROUTES])
+def test_a_read_timeout_or_a_reset_before_the_first_byte_is_the_gateways_own_error(
+    faulty: str,
+    upstream: MockUpstream,
+    route: str,
+    model: str,
+    fault: str,
+    status: int,
+    code: str,
+    stream: bool,
+) -> None:
+    """An upstream that never answers is a 504 after the read timeout; one that closes
+    the connection before its first byte a 502: in the route's envelope, one attempt."""
+    upstream.push(Hang() if fault == "hang" else Drop())
+    started = time.monotonic()
+    response = ask_route(faulty, route, model, stream)
+    elapsed = time.monotonic() - started
+    assert response.status_code == status
+    kind, said = gateway_error(route, response)
+    assert kind == (ANTHROPIC_TYPES[status] if route == "messages" else "upstream_error")
+    assert route == "messages" or said == code  # the Messages envelope has no code field
+    assert len(upstream.received) == 1
+    if fault == "hang":
+        assert READ_TIMEOUT <= elapsed < READ_TIMEOUT + 2.0
+
+
+@pytest.fixture(scope="module")
+def unreachable() -> Iterator[str]:
+    """A gateway whose two providers' addresses have nobody listening."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=f"{dead}/v1", connect_timeout=0.5),
+        anthropic=AnthropicSettings(base_url=dead),
+        summaries=False,
+    )
+    with GatewayServer(settings) as server:
+        yield server.base_url
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("route", "model"), ROUTES, ids=[f"{r}-{m[:6]}" for r, m in ROUTES])
+def test_a_refused_connection_is_a_502(
+    unreachable: str, route: str, model: str, stream: bool
+) -> None:
+    """A connection refused by either provider: 502 in the route's envelope."""
+    response = ask_route(unreachable, route, model, stream)
+    assert response.status_code == 502
+    kind, said = gateway_error(route, response)
+    assert kind == (ANTHROPIC_TYPES[502] if route == "messages" else "upstream_error")
+    assert route == "messages" or said == "upstream_unreachable"
+
+
+def test_the_sdks_see_the_upstreams_errors_and_its_retry_after(
+    faulty: str, upstream: MockUpstream
+) -> None:
+    """With their own retries off, the openai and anthropic SDKs raise the error class of
+    the upstream's status and read its ``retry-after``, through either route."""
+    messages: list[Any] = [{"role": "user", "content": "Say hello."}]
+    oai = openai.OpenAI(base_url=faulty, api_key="sk-faults", max_retries=0)
+    claude = anthropic.Anthropic(
+        base_url=faulty.removesuffix("/v1"), api_key="sk-faults", max_retries=0
+    )
+    for model in (GPT, CLAUDE):
+        upstream.reset()
+        upstream.push(
+            JSONReply(upstream_error(429, model), status=429, headers=RATE_HEADERS),
+            JSONReply(upstream_error(529, model), status=529, headers=RATE_HEADERS),
+        )
+        with pytest.raises(openai.RateLimitError) as limited:
+            oai.chat.completions.create(model=model, messages=messages)
+        assert limited.value.response.headers["retry-after"] == "7"
+        with pytest.raises(openai.APIStatusError) as overloaded:
+            oai.chat.completions.create(model=model, messages=messages, stream=True)
+        assert overloaded.value.status_code == 529
+        upstream.push(
+            JSONReply(upstream_error(429, model), status=429, headers=RATE_HEADERS),
+            JSONReply(upstream_error(529, model), status=529, headers=RATE_HEADERS),
+        )
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            claude.messages.create(model=model, max_tokens=16, messages=messages)
+        assert refused.value.response.headers["retry-after"] == "7"
+        with pytest.raises(anthropic.APIStatusError) as busy:
+            claude.messages.create(model=model, max_tokens=16, messages=messages, stream=True)
+        assert busy.value.status_code == 529
+        assert busy.value.body == expected_body("messages", model, 529)
+        assert len(upstream.received) == 4
+    oai.close()
+    claude.close()
