@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+from tests.gateway.test_summaries import turns as summary_turns
 from tests.harness import GatewayServer, RedisServer, ServeProcess, free_port, redis_server
 from tests.mock_upstream import (
     Drop,
@@ -32,6 +33,7 @@ from tests.mock_upstream import (
     Received,
     Reply,
     SSEReply,
+    SummaryModel,
     chat_chunk,
     chat_completion,
     events_of,
@@ -199,8 +201,13 @@ class Traffic:
 
 
 def restorable(http: httpx.Client, ref: str) -> bytes | None:
-    """The object ``ref`` names, read back through the gateway; None if it is gone."""
-    response = http.get(f"context/objects/{ref}", headers={"authorization": f"Bearer {KEY}"})
+    return restorable_as(http, ref, KEY)
+
+
+def restorable_as(http: httpx.Client, ref: str, key: str) -> bytes | None:
+    """The object ``ref`` names, read back through the gateway with ``key``; None if it
+    is gone."""
+    response = http.get(f"context/objects/{ref}", headers={"authorization": f"Bearer {key}"})
     return response.content if response.status_code == 200 else None
 
 
@@ -526,3 +533,96 @@ def test_the_sdks_see_the_upstreams_errors_and_its_retry_after(
         assert len(upstream.received) == 4
     oai.close()
     claude.close()
+
+
+# -- 3. The summary model down -------------------------------------------------------------
+
+SUMMARY_TIMEOUT = 1.0
+SUMMARY_POLICY = f"max-input=8000, summary-timeout={SUMMARY_TIMEOUT:g}"
+
+
+class FailingSummaryModel:
+    """The mock's handler: chat traffic answered "ok"; summary calls (the requests with
+    ``response_format``) answered as ``mode`` says: ``500``, ``slow`` (past the summary
+    timeout), ``garbage`` (a completion whose text is not JSON) or ``healthy``."""
+
+    def __init__(self) -> None:
+        self.mode = "500"
+        self.calls: dict[str, int] = {}
+        self.healthy = SummaryModel()
+
+    def __call__(self, received: Received) -> JSONReply:
+        if "response_format" not in received.json():
+            return JSONReply(chat_completion("ok"))
+        self.calls[self.mode] = self.calls.get(self.mode, 0) + 1
+        if self.mode == "500":
+            return JSONReply({"error": {"message": "boom", "type": "server_error"}}, 500)
+        if self.mode == "slow":
+            return JSONReply(chat_completion("{}"), delay=SUMMARY_TIMEOUT + 4)
+        if self.mode == "garbage":
+            return JSONReply(chat_completion('{"user_goal": "trunc'))
+        return self.healthy(received)
+
+
+def test_a_failing_summary_model_falls_back_pauses_and_recovers(
+    upstream: MockUpstream, redis_url: str
+) -> None:
+    """Conversations past the summary threshold while the summary model answers 500, too
+    late, then garbage: each request is answered with compress's notes instead (the
+    fallback), within the summary timeout and a margin, and what the notes replaced
+    restores; after three failures summaries pause (no call reaches the model); once the
+    model is back and the pause is over, one request probes, gets a summary, and
+    summaries go on."""
+    model = FailingSummaryModel()
+    upstream.handler = model
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url), redis_url=redis_url, summaries=True
+    )
+    history = summary_turns()[-1]
+    paths: list[tuple[str, str, float]] = []
+    with GatewayServer(settings) as server:
+        breaker = server.app.state.gateway.summary_breaker
+        breaker.cooldown = 1.0  # 30 s in production: shortened so the test sees it close
+
+        def ask(mode: str) -> str:
+            model.mode = mode
+            started = time.monotonic()
+            response = httpx.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": "gpt-4o", "messages": history},
+                headers={
+                    "authorization": "Bearer sk-summaries-down",
+                    "x-contextgate-policy": SUMMARY_POLICY,
+                    "x-contextgate-conversation": f"down-{len(paths)}",
+                },
+                timeout=30,
+            )
+            elapsed = time.monotonic() - started
+            assert response.status_code == 200, response.text
+            path = response.headers.get("x-contextgate-summary", "").split(",")[0]
+            paths.append((mode, path, elapsed))
+            return path
+
+        for mode in ("500", "slow", "garbage"):
+            assert ask(mode) == "fallback"
+        assert breaker.state == "open"
+        failed_calls = sum(model.calls.values())
+        assert ask("healthy") == "fallback"  # paused: the model is not asked
+        assert sum(model.calls.values()) == failed_calls
+        time.sleep(breaker.cooldown + 0.1)
+        assert ask("healthy") == "made"
+        assert breaker.state == "closed"
+        assert ask("healthy") == "made"
+
+        sent = [r for r in upstream.received if "response_format" not in r.json()]
+        refs = {ref for r in sent for ref in REF.findall(r.body.decode())}
+        with httpx.Client(base_url=server.base_url + "/") as http:
+            lost = [ref for ref in refs if restorable_as(http, ref, "sk-summaries-down") is None]
+    print(f"\nsummary calls by mode: {model.calls}; requests: {len(paths)}")
+    for mode, path, elapsed in paths:
+        print(f"  model {mode:8s} -> {path:9s} {elapsed * 1000:7.1f} ms")
+    print(f"  refs sent upstream: {len(refs)}, not restorable: {len(lost)}")
+    assert len(sent) == len(paths)
+    assert all(elapsed < SUMMARY_TIMEOUT + MARGIN for _, _, elapsed in paths)
+    assert refs
+    assert lost == []
