@@ -60,6 +60,12 @@ def json_type(value: Any) -> str:
 
 
 def shown(value: Any) -> str:
-    """``value`` as JSON, cut to 40 characters, for an error message."""
-    text = orjson.dumps(value).decode() if value is not None else "nothing"
+    """``value`` as JSON, cut to 40 characters, for an error message; a value nested too
+    deep to write out (the parser accepts more levels than the writer) is named by kind."""
+    if value is None:
+        return "nothing"
+    try:
+        text = orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return json_type(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -32,3 +32,13 @@ def test_type_errors_say_missing_or_what_came() -> None:
     assert "got a number" in wrong.message
     assert shown("x" * 100).endswith("...")
     assert len(shown("x" * 100)) == 40
+
+
+def test_a_value_too_deep_to_write_out_is_named_by_its_kind() -> None:
+    """The parser takes 1,024 levels, the writer 254: an error message quoting a deeper
+    value (a role that is 300 nested arrays) names its kind instead of failing."""
+    deep: list[object] = []
+    for _ in range(300):
+        deep = [deep]
+    assert shown(deep) == "an array"
+    assert shown({"a": deep}) == "an object"
