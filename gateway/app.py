@@ -9,12 +9,14 @@ import httpx
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import RedocRenderPlugin
 
 from gateway.access import AccessLog
 from gateway.admission import Admission
 from gateway.codecs.anthropic_inbound import error_body
 from gateway.drain import Drain
 from gateway.errors import GatewayError
+from gateway.openapi import DocumentJson
 from gateway.relay import error_response
 from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
@@ -124,7 +126,13 @@ def create_app(
         on_startup=[gateway.warm],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="contextgate", version="0.1.0", path="/schema"),
+        openapi_config=OpenAPIConfig(
+            title="contextgate",
+            version="0.1.0",
+            path="/schema",
+            # The JSON document is completed by gateway.openapi; the UI reads that one.
+            render_plugins=[DocumentJson(), RedocRenderPlugin(path=["/", "/redoc"])],
+        ),
         logging_config=None,
     )
     app.state.gateway = gateway

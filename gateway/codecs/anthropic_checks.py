@@ -153,7 +153,10 @@ def _check_block(block: Any, param: str) -> None:
     _check_fields(block, param, _BLOCK_FIELDS.get(kind, ()))
     if kind == "image":
         source = block["source"]
-        _check_fields(source, f"{param}.source", _SOURCE_FIELDS.get(source.get("type"), ()))
+        kind = source.get("type")
+        if kind is not None:  # an object or array here is unhashable: refused, not looked up
+            _check_fields(source, f"{param}.source", (("type", str),))
+        _check_fields(source, f"{param}.source", _SOURCE_FIELDS.get(kind, ()))
     elif kind == "tool_result":
         if block.get("content") is not None:
             _check_content(block["content"], f"{param}.content")

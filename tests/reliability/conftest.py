@@ -48,6 +48,8 @@ def answer(received: Received) -> Reply:
         streamed = orjson.loads(received.body).get("stream") is True
     except (orjson.JSONDecodeError, AttributeError):
         streamed = False
+    if received.path.startswith("/v1/models"):
+        return JSONReply({"object": "list", "data": [{"id": "gpt-4o", "object": "model"}]})
     if received.path.startswith("/v1/messages/count_tokens"):
         return JSONReply({"input_tokens": 42})
     if received.path.startswith("/v1/messages"):

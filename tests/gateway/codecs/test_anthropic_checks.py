@@ -137,6 +137,16 @@ CASES: list[tuple[Any, str, str | None]] = [
         {
             **BASE,
             "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": {}}}]}
+            ],
+        },
+        "invalid_type",
+        "messages.0.content.0.source.type",
+    ),
+    (
+        {
+            **BASE,
+            "messages": [
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}
             ],
         },
