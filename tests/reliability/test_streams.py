@@ -42,8 +42,9 @@ ABORTS = 100
 FD_SLACK = 2
 """Descriptors the gateway may hold past its baseline after the aborts, other than its
 upstream connections (counted apart): the connection of the ``/metrics`` scrape that
-checks the gauge, which the gateway closes a moment after the scraper, and one for the
-event loop's or the allocator's lazily made ones. A leak per abort would be 100."""
+checks the gauge, which the gateway closes a moment after the scraper, and one more that
+comes and goes between runs (seen as 1 above or below the baseline; not traced). A leak per
+abort would be 100."""
 
 KEEPALIVE_SECONDS = 15.0 if LONG else 1.0
 SILENCE = 90.0 if LONG else 6.0
