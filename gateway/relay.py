@@ -6,12 +6,18 @@ status, headers and body, and a stream that fails before its first event is answ
 the gateway's 502/504. So an upstream failure before the first byte never reaches the
 client as a 200. Once streaming, a failure ends the stream with one terminal error event
 (and no ``[DONE]``). When the client goes away, the upstream response is closed at once.
+
+While a stream is relayed, a comment line (``: keep-alive``) goes to the client whenever
+nothing else has for ``stream_keepalive`` seconds, so that a proxy or load balancer with an
+idle timeout does not cut a stream whose upstream is thinking. SSE decoders ignore comments.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from time import monotonic
 from typing import Any
 
 import anyio
@@ -19,11 +25,11 @@ import httpx
 from litestar import Response
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Receive, Send
+from litestar.types import Message, Receive, Send
 
 from gateway.codecs.anthropic_answers import error_body
 from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
-from gateway.sse import close, error_event
+from gateway.sse import KEEPALIVE, close, error_event
 from gateway.upstream import relayable_response_headers
 
 __all__ = [
@@ -43,19 +49,80 @@ log = logging.getLogger("contextgate.relay")
 class RelayStream(ASGIStreamingResponse):
     """A streaming response that always closes its iterator and the upstream events
     under it, even when the client left before the first byte or while the iterator was
-    suspended between events (a generator that never started runs no ``finally``)."""
+    suspended between events (a generator that never started runs no ``finally``); and
+    that keeps an idle stream alive with comments every ``keepalive`` seconds (0: never)."""
 
-    __slots__ = ("upstream",)
+    __slots__ = ("keepalive", "upstream")
 
-    upstream: AsyncIterator[bytes] | None
+    def __init__(
+        self,
+        *,
+        iterator: AsyncIterator[bytes],
+        upstream: AsyncIterator[bytes],
+        keepalive: float,
+        status_code: int,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        super().__init__(iterator=iterator, status_code=status_code, headers=headers)  # type: ignore[arg-type]
+        self.upstream = upstream
+        self.keepalive = keepalive
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         try:
-            await super().send_body(send, receive)
+            if self.keepalive > 0:
+                await self._send_kept_alive(send, receive)
+            else:
+                await super().send_body(send, receive)
         finally:
             with anyio.CancelScope(shield=True):
-                for iterator in (self.iterator, getattr(self, "upstream", None)):
+                for iterator in (self.iterator, self.upstream):
                     await close(iterator)
+
+    async def _send_kept_alive(self, send: Send, receive: Receive) -> None:
+        # The body only: the 200 and its headers went out after the first event came.
+        kept = _KeptAlive(send, self.keepalive)
+        async with anyio.create_task_group() as group:
+            group.start_soon(kept.run)
+            try:
+                await super().send_body(kept.send, receive)
+            finally:
+                group.cancel_scope.cancel()
+
+
+class _KeptAlive:
+    """A stream's ``send`` with one timer beside it, which sends ``KEEPALIVE`` when
+    nothing has gone out for ``every`` seconds. Both hold one lock while they send, so a
+    comment only ever goes between whole events, and never after the body's end. An event
+    costs an uncontended lock and a clock read; the timer wakes once per ``every``."""
+
+    __slots__ = ("_ended", "_every", "_last", "_lock", "_send")
+
+    def __init__(self, send: Send, every: float) -> None:
+        self._send = send
+        self._every = every
+        self._lock = asyncio.Lock()
+        self._last = monotonic()
+        self._ended = False
+
+    async def send(self, message: Message) -> None:
+        async with self._lock:
+            await self._send(message)
+            self._last = monotonic()
+            if not message.get("more_body", False):
+                self._ended = True
+
+    async def run(self) -> None:
+        while True:
+            # Never negative: the clock moves on between the check below and this line.
+            await anyio.sleep(max(0.0, self._last + self._every - monotonic()))
+            async with self._lock:
+                if self._ended:
+                    return
+                if monotonic() - self._last >= self._every:
+                    await self._send(
+                        {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
+                    )
+                    self._last = monotonic()
 
 
 def is_event_stream(response: httpx.Response) -> bool:
@@ -124,19 +191,22 @@ def streamed_response(
     headers: dict[str, str],
     request_id: str,
     error: ErrorEvent = openai_error_event,
+    *,
+    keepalive: float,
 ) -> ASGIResponse:
     """The upstream's stream relayed: ``first``, then the rest of ``events``; a failure on
-    the way ends it with ``error``'s terminal event."""
+    the way ends it with ``error``'s terminal event; a comment every ``keepalive`` seconds
+    of silence (0: none)."""
     relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
-    stream = RelayStream(
+    return RelayStream(
         iterator=_relay(first, events, request_id, error),
+        upstream=events,
+        keepalive=keepalive,
         status_code=response.status_code,
-        headers=relayed,  # type: ignore[arg-type]
+        headers=relayed,
     )
-    stream.upstream = events
-    return stream
 
 
 def error_response(error: GatewayError, headers: dict[str, Any] | None = None) -> Response[bytes]:

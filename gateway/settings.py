@@ -244,6 +244,12 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     orchestrator's kill deadline (Kubernetes: ``terminationGracePeriodSeconds`` minus any
     ``preStop`` delay) so the ending is the gateway's, not a SIGKILL."""
 
+    stream_keepalive: float = 15.0
+    """Seconds a relayed stream may stay silent before the gateway sends the client an
+    SSE comment (``: keep-alive``), which SSE decoders skip, so that a proxy or load
+    balancer with an idle timeout (often 60 s) does not cut a stream whose upstream is
+    thinking. Keep it below the shortest idle timeout on the way; 0 turns it off."""
+
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
@@ -255,6 +261,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("max_header_bytes must be between 4096 and 1048576")
         if not 0 <= self.shutdown_grace <= 3_600:
             raise ConfigError("shutdown_grace must be in [0, 3600] seconds")
+        if not (self.stream_keepalive == 0 or 0.1 <= self.stream_keepalive <= 3_600):
+            raise ConfigError("stream_keepalive must be 0 (off) or in [0.1, 3600] seconds")
         if self.redis_url is not None:
             # Imported here: the store package imports this module.
             from gateway.store.topologies import RedisTopology

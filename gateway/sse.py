@@ -14,6 +14,7 @@ from typing import Final
 import orjson
 
 __all__ = [
+    "KEEPALIVE",
     "close",
     "error_event",
     "event_data",
@@ -22,6 +23,10 @@ __all__ = [
 
 # An event ends at a blank line: two line ends in a row, each of which may be CRLF, LF or
 # a lone CR (the SSE spec allows all three, mixed).
+KEEPALIVE: Final = b": keep-alive\n\n"
+"""An SSE comment, sent on an idle stream to keep intermediaries from timing it out; every
+SSE decoder (the openai and anthropic SDKs' included) skips it."""
+
 _EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 
 

@@ -7,7 +7,7 @@ while a reply was in flight (``disconnects``), with the time it happened.
 
 Reply kinds: ``JSONReply`` (any status, body and headers, optionally delayed), ``SSEReply``
 (events sent one by one, with a first-byte delay, a pause between events, and an ending:
-a clean end, a dropped connection, or silence), ``Drop`` (close without answering) and
+a clean end, a dropped connection, a TCP reset, or silence), ``Drop`` (close without answering) and
 ``Hang`` (never answer). ``SummaryModel`` is a handler that answers the gateway's summary
 calls, counting them, and the chat traffic beside them.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -41,6 +42,8 @@ class Received:
     at: float
     header_lines: list[tuple[str, str]] = field(default_factory=list)
     """Every header line as sent, in order (``headers`` keeps the last of each name)."""
+    hung_up_at: float | None = None
+    """When the client hung up while this request's reply was in flight, if it did."""
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -61,7 +64,11 @@ class SSEReply:
     headers: dict[str, str] = field(default_factory=dict)
     first_byte_delay: float = 0.0
     interval: float = 0.0
-    ending: Literal["end", "drop", "hang"] = "end"
+    pauses: dict[int, float] = field(default_factory=dict)
+    """Seconds of silence after the event at each index, on top of ``interval``."""
+    ending: Literal["end", "drop", "reset", "hang"] = "end"
+    """After the events: the stream's end, the connection closed (FIN) or reset (RST, as
+    a crashed peer or a middlebox does), or silence until the client leaves."""
     gate: int = 0
     """Hold the reply until this many requests are in flight at once (at most 30 s)."""
 
@@ -161,6 +168,11 @@ class MockUpstream:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now, idle keep-alive ones included."""
+        return len(self._connections)
 
     def push(self, *replies: Reply) -> None:
         with self._lock:
@@ -263,10 +275,10 @@ class MockUpstream:
         if isinstance(reply, Drop):
             return False
         if isinstance(reply, Hang):
-            await self._until_client_leaves(reader, None)
+            await self._until_client_leaves(reader, None, received)
             return False
         if isinstance(reply, JSONReply):
-            if reply.delay and await self._until_client_leaves(reader, reply.delay):
+            if reply.delay and await self._until_client_leaves(reader, reply.delay, received):
                 return False
             payload = reply.body if isinstance(reply.body, bytes) else orjson.dumps(reply.body)
             head_out = self._head(
@@ -281,13 +293,17 @@ class MockUpstream:
             writer.write(head_out + payload)
             await writer.drain()
             return True
-        return await self._stream(reply, reader, writer)
+        return await self._stream(reply, received, reader, writer)
 
     async def _stream(
-        self, reply: SSEReply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        reply: SSEReply,
+        received: Received,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> bool:
         if reply.first_byte_delay and await self._until_client_leaves(
-            reader, reply.first_byte_delay
+            reader, reply.first_byte_delay, received
         ):
             return False
         deadline = time.monotonic() + 30
@@ -305,25 +321,36 @@ class MockUpstream:
             )
         )
         try:
-            for event in reply.events:
+            for index, event in enumerate(reply.events):
                 writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
                 await writer.drain()
-                if reply.interval and await self._until_client_leaves(reader, reply.interval):
+                pause = reply.interval + reply.pauses.get(index, 0.0)
+                if pause and await self._until_client_leaves(reader, pause, received):
                     return False
             if reply.ending == "drop":
                 return False
+            if reply.ending == "reset":
+                sock = writer.get_extra_info("socket")
+                # A zero linger time makes the close send RST instead of FIN.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return False
             if reply.ending == "hang":
-                await self._until_client_leaves(reader, None)
+                await self._until_client_leaves(reader, None, received)
                 return False
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except ConnectionError:
-            self.disconnects.append(time.monotonic())
+            self._hung_up(received)
             return False
         return True
 
+    def _hung_up(self, received: Received) -> None:
+        received.hung_up_at = time.monotonic()
+        self.disconnects.append(received.hung_up_at)
+
     async def _until_client_leaves(
-        self, reader: asyncio.StreamReader, timeout: float | None
+        self, reader: asyncio.StreamReader, timeout: float | None, received: Received
     ) -> bool:
         """Wait ``timeout`` seconds (forever if ``None``); True if the client hung up."""
         try:
@@ -333,7 +360,7 @@ class MockUpstream:
         except ConnectionError:
             data = b""
         if not data:
-            self.disconnects.append(time.monotonic())
+            self._hung_up(received)
             return True
         return False
 

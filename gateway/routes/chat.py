@@ -35,5 +35,10 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     if isinstance(answer, Buffered):
         return buffered_response(answer.response, answer.body, answer.headers, answer.status)
     return streamed_response(
-        answer.response, answer.first, answer.events, answer.headers, request_id
+        answer.response,
+        answer.first,
+        answer.events,
+        answer.headers,
+        request_id,
+        keepalive=gateway.settings.stream_keepalive,
     )

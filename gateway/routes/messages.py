@@ -85,6 +85,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
             answer.headers,
             request_id,
             anthropic_error_event,
+            keepalive=gateway.settings.stream_keepalive,
         )
     headers["content-type"] = "application/json"
     answer = await exchange(
@@ -104,7 +105,13 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
         return buffered_response(answer.response, body, answer.headers, status)
     events = _translated(answer.first, answer.events)
     return streamed_response(
-        answer.response, b"", events, answer.headers, request_id, anthropic_error_event
+        answer.response,
+        b"",
+        events,
+        answer.headers,
+        request_id,
+        anthropic_error_event,
+        keepalive=gateway.settings.stream_keepalive,
     )
 
 

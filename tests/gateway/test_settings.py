@@ -21,6 +21,7 @@ def test_no_file_gives_working_defaults() -> None:
     assert settings.upstream.api_key is None
     assert settings.summaries is True
     assert (settings.summary_workers, settings.summary_queue) == (2, 64)
+    assert settings.stream_keepalive == 15.0
 
 
 def test_environment_overrides() -> None:
@@ -79,6 +80,8 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
         ("- just\n- a list\n", "mapping"),
         ("upstream: [unclosed\n", "not valid YAML"),
         ("summary_workers: 0\n", "summary_workers must be 1-64"),
+        ("stream_keepalive: 0.01\n", "stream_keepalive must be 0 (off)"),
+        ("stream_keepalive: -1\n", "stream_keepalive must be 0 (off)"),
     ],
 )
 def test_bad_configuration_names_the_problem(tmp_path: Path, text: str, fragment: str) -> None:
