@@ -1,12 +1,16 @@
 """Admission: every route that is not marked public (``opt={"public": True}``: the health
 checks and ``/metrics``) runs behind it.
 
-Before the route handler, it refuses oversized headers (431), identifies the caller from
-its credentials (``gateway.auth``; 401 when tenants are configured and the key is not
-known) and takes a slot within the caller's limits (429 with ``Retry-After``). The decision
-rests on the route Litestar matched for the request's path, never on ``Host`` or
-``X-Forwarded-*``. The slot is given back when the response is over: a stream at its last
-event, however the exchange ends.
+Before the route handler, it first refuses the request when the process is overloaded
+(503 ``gateway_overloaded`` with ``Retry-After``, ``gateway.overload``). That check comes
+before authentication because it must cost least: authentication and limits may ask
+Redis, work an overloaded process should not take on for a request it then refuses. Then
+it refuses oversized headers (431), identifies the caller from its credentials
+(``gateway.auth``; 401 when tenants are configured and the key is not known) and takes a
+slot within the caller's limits (429 with ``Retry-After``). The decision rests on the
+route Litestar matched for the request's path, never on ``Host`` or ``X-Forwarded-*``.
+Both slots (the process's and the caller's) are given back when the response is over: a
+stream at its last event, however the exchange ends.
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ class Admission(ASGIMiddleware):
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         gateway: Gateway = scope["litestar_app"].state.gateway
+        shedder = gateway.shedder
+        shedder.admit()
+        try:
+            await self._admit_caller(gateway, scope, receive, send, next_app)
+        finally:
+            shedder.release()
+
+    @staticmethod
+    async def _admit_caller(
+        gateway: Gateway, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp
+    ) -> None:
         limit = gateway.settings.max_header_bytes
         if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
             raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")

@@ -243,6 +243,17 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     what is left ends with a terminal error (``gateway_shutting_down``). Keep it below the
     orchestrator's kill deadline (Kubernetes: ``terminationGracePeriodSeconds`` minus any
     ``preStop`` delay) so the ending is the gateway's, not a SIGKILL."""
+    max_in_flight: int | None = 1_024
+    """Requests this process handles at once, every tenant together (a stream until its
+    last event; ``/healthz``, ``/readyz`` and ``/metrics`` not counted); past it a request
+    gets 503 ``gateway_overloaded`` with ``Retry-After`` before any work is done. The
+    default keeps a process full of 20K-token requests (about 280 KiB each in flight, on
+    225 MiB at rest) near 500 MiB, within the chart's 512 MiB memory request. ``None``:
+    no cap."""
+    max_event_loop_lag: float | None = 0.25
+    """Seconds the event loop may run behind (a timer it sets every 50 ms fires late)
+    before new requests are refused with 503 ``gateway_overloaded``: past it, the process
+    is saturated and what it admits only waits. ``None``: not checked."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
@@ -255,6 +266,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("max_header_bytes must be between 4096 and 1048576")
         if not 0 <= self.shutdown_grace <= 3_600:
             raise ConfigError("shutdown_grace must be in [0, 3600] seconds")
+        if self.max_in_flight is not None and not 1 <= self.max_in_flight <= 1_000_000:
+            raise ConfigError("max_in_flight must be between 1 and 1000000, or null")
+        if self.max_event_loop_lag is not None and not 0.01 <= self.max_event_loop_lag <= 60:
+            raise ConfigError("max_event_loop_lag must be in [0.01, 60] seconds, or null")
         if self.redis_url is not None:
             # Imported here: the store package imports this module.
             from gateway.store.topologies import RedisTopology
