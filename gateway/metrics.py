@@ -375,7 +375,8 @@ class _Overload(Collector):
         shed = CounterMetricFamily(
             "contextgate_overload_shed",
             "Requests refused with 503 gateway_overloaded, by reason: in_flight (max_in_flight"
-            " reached), event_loop_lag (the loop behind by more than max_event_loop_lag).",
+            " reached), event_loop_lag (the loop behind by more than max_queue_delay),"
+            " accept_queue (new connections waiting longer than that to be accepted).",
             labels=["reason"],
         )
         for reason, count in shedder.shed.items():
@@ -391,6 +392,11 @@ class _Overload(Collector):
             "contextgate_event_loop_lag_seconds",
             "Seconds the event loop is behind: how late a timer it sets every 50 ms fires.",
             value=shedder.lag,
+        )
+        yield GaugeMetricFamily(
+            "contextgate_accept_queue",
+            "Connections the kernel has completed and the process has not accepted yet.",
+            value=shedder.accept_queue,
         )
         yield GaugeMetricFamily(
             "contextgate_event_loop_tasks",

@@ -2,26 +2,36 @@
 ``gateway_overloaded`` and ``Retry-After``, instead of queueing it until every request is
 late.
 
-Two signals, checked by ``gateway.admission`` before anything else is done for a request
-(public routes are never checked, so probes and scrapes keep answering):
+Checked by ``gateway.admission`` before anything else is done for a request (public routes
+are never checked, so probes and scrapes keep answering):
 
 - ``max_in_flight``: requests past admission and not yet finished (a stream until its last
   event). A hard cap on what the process holds in memory at once.
-- ``max_event_loop_lag``: how late the event loop runs a timer it set for itself every
-  ``TICK`` seconds. A saturated loop runs callbacks late; every request it still admits
-  waits in the same queue. The lag counted is the larger of the last tick's lateness and
-  how overdue the next tick is now, so a loop that has been stuck since its last tick is
-  seen at once, not one tick later.
+- ``max_queue_delay``, against two measures of how long work waits before the process gets
+  to it:
 
-The shedder counts refusals by reason (``in_flight``, ``event_loop_lag``) for the metrics
-and keeps no per-request state beyond the in-flight count.
+  - the event loop's lag: how late the loop runs a timer it sets every ``TICK`` seconds
+    (the larger of the last tick's lateness and how overdue the next tick is now, so a
+    loop stuck since its last tick is seen at once). Work that blocks the loop shows here.
+  - the accept queue's delay: connections the kernel has completed and the process has
+    not accepted yet (``TCP_INFO`` of the listening sockets, which ``DrainingServer``
+    hands over), divided by the rate at which requests reach admission. Measured on this
+    gateway under uvloop: a CPU-saturated process keeps its loop lag near 0.1 s and takes
+    in only what it can serve, while the queue, and the latency, grow in the kernel's
+    backlog, which the loop's lag never shows.
+
+The shedder counts refusals by reason (``in_flight``, ``event_loop_lag``, ``accept_queue``)
+for the metrics and keeps no per-request state beyond the in-flight count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
@@ -29,30 +39,50 @@ __all__ = ["REASONS", "TICK", "Shedder"]
 
 TICK: Final = 0.05
 """Seconds between two readings of the event loop's lag."""
-REASONS: Final = ("in_flight", "event_loop_lag")
+REASONS: Final = ("in_flight", "event_loop_lag", "accept_queue")
+_MIN_RATE: Final = 50.0
+"""Requests a second assumed at least when estimating the accept queue's delay, so that a
+burst of connections on an idle process is not taken for a queue."""
+_RATE_WEIGHT: Final = 0.2
+"""Weight of the last tick in the moving average of the admission rate (about 0.25 s)."""
 RETRY_AFTER: Final = "1"
 """Seconds a refused client is told to wait: overload passes, or another replica answers."""
 
 
+class Listener(Protocol):
+    """A listening socket (``socket.socket``, asyncio's or uvloop's wrapper)."""
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes: ...
+
+
 class Shedder:
     """Admits a request, or refuses it with ``Overloaded`` while the process is past its
-    ``max_in_flight`` or its event loop lags more than ``max_event_loop_lag`` seconds
-    (``None``: that signal is off)."""
+    ``max_in_flight`` or work waits more than ``max_queue_delay`` seconds (``None``: that
+    signal is off)."""
 
     __slots__ = (
         "_due",
         "_handle",
         "_lag",
+        "_listeners",
         "_loop",
+        "_rate",
+        "_taken",
+        "_ticked",
         "in_flight",
-        "max_event_loop_lag",
         "max_in_flight",
+        "max_queue_delay",
         "shed",
     )
 
-    def __init__(self, max_in_flight: int | None, max_event_loop_lag: float | None) -> None:
+    def __init__(self, max_in_flight: int | None, max_queue_delay: float | None) -> None:
         self.max_in_flight = max_in_flight
-        self.max_event_loop_lag = max_event_loop_lag
+        self.max_queue_delay = max_queue_delay
+        self._listeners: list[Listener] = []
+        self._rate = 0.0
+        """Requests reaching admission per second, a moving average."""
+        self._taken = 0
+        self._ticked = 0.0
         self.in_flight = 0
         """Requests admitted and not finished."""
         self.shed = dict.fromkeys(REASONS, 0)
@@ -68,6 +98,16 @@ class Shedder:
             self._loop = asyncio.get_running_loop()
             self._schedule()
 
+    def listen_on(self, sockets: Iterable[Listener]) -> None:
+        """Watch the accept queue of these listening sockets (TCP on Linux; others are
+        skipped)."""
+        for sock in sockets:
+            try:
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+            except (OSError, AttributeError):
+                continue
+            self._listeners.append(sock)
+
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -76,12 +116,38 @@ class Shedder:
 
     def _schedule(self) -> None:
         assert self._loop is not None
-        self._due = time.monotonic() + TICK
+        self._ticked = time.monotonic()
+        self._due = self._ticked + TICK
         self._handle = self._loop.call_later(TICK, self._tick)
 
     def _tick(self) -> None:
-        self._lag = max(0.0, time.monotonic() - self._due)
+        now = time.monotonic()
+        self._lag = max(0.0, now - self._due)
+        rate = self._taken / max(now - self._ticked, 1e-3)
+        self._rate += _RATE_WEIGHT * (rate - self._rate)
+        self._taken = 0
         self._schedule()
+
+    @property
+    def accept_queue(self) -> int:
+        """Connections waiting to be accepted, on every listening socket together."""
+        waiting = 0
+        for sock in self._listeners:
+            try:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+            except OSError:
+                continue
+            # struct tcp_info: 8 bytes of u8 fields, then u32 rto, ato, snd_mss, rcv_mss,
+            # unacked; on a listening socket ``unacked`` is the accept queue's length.
+            waiting += struct.unpack_from("I", info, 24)[0]
+        return waiting
+
+    @property
+    def queue_delay(self) -> float:
+        """Seconds a new connection waits to be accepted, estimated."""
+        if not self._listeners:
+            return 0.0
+        return self.accept_queue / max(self._rate, _MIN_RATE)
 
     @property
     def lag(self) -> float:
@@ -97,11 +163,15 @@ class Shedder:
 
     def admit(self) -> None:
         """Take an in-flight slot, or raise ``Overloaded``; ``release`` gives it back."""
+        self._taken += 1
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             self._refuse("in_flight", f"{self.max_in_flight} requests in progress")
-        limit = self.max_event_loop_lag
-        if limit is not None and (lag := self.lag) > limit:
-            self._refuse("event_loop_lag", f"its event loop {lag:.2f} s behind")
+        limit = self.max_queue_delay
+        if limit is not None:
+            if (lag := self.lag) > limit:
+                self._refuse("event_loop_lag", f"its event loop {lag:.2f} s behind")
+            if (delay := self.queue_delay) > limit:
+                self._refuse("accept_queue", f"connections wait {delay:.2f} s to be accepted")
         self.in_flight += 1
 
     def release(self) -> None:

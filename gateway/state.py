@@ -115,7 +115,7 @@ class Gateway:
             tenants=Tenants(settings),
             limiter=Limiter(stores.redis, metrics),
             metrics=metrics,
-            shedder=Shedder(settings.max_in_flight, settings.max_event_loop_lag),
+            shedder=Shedder(settings.max_in_flight, settings.max_queue_delay),
             anthropic=AnthropicUpstream(
                 settings.anthropic,
                 settings.upstream,

@@ -27,7 +27,7 @@ CLAUDE = {
 
 def test_past_max_in_flight_a_request_is_refused_and_counted() -> None:
     """Two slots: the third request is refused with Retry-After; a release frees one."""
-    shedder = Shedder(max_in_flight=2, max_event_loop_lag=None)
+    shedder = Shedder(max_in_flight=2, max_queue_delay=None)
     shedder.admit()
     shedder.admit()
     with pytest.raises(Overloaded) as refused:
@@ -35,7 +35,7 @@ def test_past_max_in_flight_a_request_is_refused_and_counted() -> None:
     assert refused.value.status == 503
     assert refused.value.code == "gateway_overloaded"
     assert refused.value.headers == {"retry-after": "1"}
-    assert shedder.shed == {"in_flight": 1, "event_loop_lag": 0}
+    assert shedder.shed == {"in_flight": 1, "event_loop_lag": 0, "accept_queue": 0}
     shedder.release()
     shedder.admit()
     assert shedder.in_flight == 2
@@ -43,7 +43,7 @@ def test_past_max_in_flight_a_request_is_refused_and_counted() -> None:
 
 def test_without_limits_nothing_is_refused() -> None:
     """Both signals off: any number of requests is admitted."""
-    shedder = Shedder(max_in_flight=None, max_event_loop_lag=None)
+    shedder = Shedder(max_in_flight=None, max_queue_delay=None)
     for _ in range(10_000):
         shedder.admit()
     assert shedder.in_flight == 10_000
@@ -52,7 +52,7 @@ def test_without_limits_nothing_is_refused() -> None:
 async def test_a_blocked_event_loop_sheds_until_it_catches_up() -> None:
     """The loop blocked for 0.3 s: refused at once (no tick needed), admitted again once
     the loop has run a timely tick."""
-    shedder = Shedder(max_in_flight=None, max_event_loop_lag=0.1)
+    shedder = Shedder(max_in_flight=None, max_queue_delay=0.1)
     shedder.start()
     try:
         await asyncio.sleep(TICK * 2)
