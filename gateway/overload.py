@@ -161,25 +161,37 @@ class Shedder:
         """Tasks alive on the loop (0 before ``start``)."""
         return len(asyncio.all_tasks(self._loop)) if self._loop is not None else 0
 
-    def admit(self) -> None:
-        """Take an in-flight slot, or raise ``Overloaded``; ``release`` gives it back."""
+    def admit(self) -> Overloaded | None:
+        """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
+        send. Returned, not raised: the caller answers it directly, as cheaply as it can."""
         self._taken += 1
+        reason = None
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self._refuse("in_flight", f"{self.max_in_flight} requests in progress")
-        limit = self.max_queue_delay
-        if limit is not None:
-            if (lag := self.lag) > limit:
-                self._refuse("event_loop_lag", f"its event loop {lag:.2f} s behind")
-            if (delay := self.queue_delay) > limit:
-                self._refuse("accept_queue", f"connections wait {delay:.2f} s to be accepted")
-        self.in_flight += 1
+            reason = "in_flight"
+        elif (limit := self.max_queue_delay) is not None:
+            if self.lag > limit:
+                reason = "event_loop_lag"
+            elif self.queue_delay > limit:
+                reason = "accept_queue"
+        if reason is None:
+            self.in_flight += 1
+            return None
+        self.shed[reason] += 1
+        return _REFUSALS[reason]
 
     def release(self) -> None:
         self.in_flight -= 1
 
-    def _refuse(self, reason: str, what: str) -> None:
-        self.shed[reason] += 1
-        raise Overloaded(
-            f"The gateway is overloaded ({what}); retry after {RETRY_AFTER} s.",
-            headers={"retry-after": RETRY_AFTER},
-        )
+
+_REFUSALS: Final = {
+    reason: Overloaded(
+        f"The gateway is overloaded ({what}); retry after {RETRY_AFTER} s.",
+        headers={"retry-after": RETRY_AFTER},
+    )
+    for reason, what in (
+        ("in_flight", "too many requests in progress"),
+        ("event_loop_lag", "its event loop is behind"),
+        ("accept_queue", "new connections wait to be accepted"),
+    )
+}
+"""One refusal per reason, made once: they carry nothing of the request."""
