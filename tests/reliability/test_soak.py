@@ -33,6 +33,11 @@ FDS_SLACK = 2 * CLIENTS + 8
 """Descriptors allowed over the baseline at the end: idle upstream and Redis connections
 the pools keep (one per client at most, each) and a few more."""
 TASKS_SLACK = 5
+SHED_SHARE = 0.001
+"""Requests the shedder may refuse (503 gateway_overloaded) although the traffic is far
+below capacity: on a shared host the process is sometimes stalled past
+``max_queue_delay`` (the 30-minute run on the two-vCPU machine of docs/reliability-overload.md
+refused 4 of 84,692). They are counted apart, not taken for failures."""
 GROWTH_MIB = 48.0
 """RSS allowed to grow from the first third of the run to its end (the allocator keeps
 its high-water mark; a leak of a few KiB per request is far above this over 30 min)."""
@@ -137,7 +142,9 @@ async def _traffic(url: str, seconds: float, counts: dict[str, int], wrong: list
                 name, exchange, expected = MIX[n % len(MIX)]
                 status = await exchange(client, n)
                 counts[name] = counts.get(name, 0) + 1
-                if status != expected:
+                if status == 503:
+                    counts["shed"] = counts.get("shed", 0) + 1
+                elif status != expected:
                     wrong.append(f"{name}: {status}")
 
         await asyncio.gather(*(one_client() for _ in range(CLIENTS)))
@@ -201,6 +208,7 @@ def test_mixed_traffic_leaves_no_memory_descriptor_or_task_behind(
     _report(baseline, samples, end, counts, wrong)
 
     assert not wrong[:10], f"{len(wrong)} unexpected answers"
+    assert counts.get("shed", 0) <= SHED_SHARE * sum(counts.values())
     assert all(counts.get(name, 0) > 0 for name, _, _ in MIX)
     assert max(s.rss_mib for s in samples[len(samples) // 3 :]) - third.rss_mib < GROWTH_MIB
     assert end.in_flight == 0
