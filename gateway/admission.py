@@ -71,8 +71,9 @@ class Admission(ASGIMiddleware):
 
 
 async def _refuse(scope: Scope, send: Send, refusal: Overloaded) -> None:
-    """Send the 503 straight away, in the route's envelope: Litestar's exception handlers
-    cost as much as half a small request, too much when the point is to save the work."""
+    """Send the 503 straight away, in the route's envelope: through Litestar's exception
+    handlers a refusal cost about half a small request (estimated under overload), too
+    much when the point is to save the work."""
     anthropic = scope["path"].startswith(_ANTHROPIC_ROUTES)
     body = error_body(refusal.status, refusal.message) if anthropic else envelope_of(refusal)
     headers = [(b"content-type", b"application/json")]
