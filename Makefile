@@ -8,7 +8,7 @@ PORT   ?= 8080
 HELM   := .tools/helm
 CHART  := helm/contextgate
 
-.PHONY: run test lint helm-lint fmt bench fuzz-deep install install-dev clean
+.PHONY: run test lint helm-lint fmt bench fuzz-deep soak install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ run: install
 
 test: install-dev $(HELM)
 	$(BIN)/python -m pytest
+
+# The reliability tests in their long form: a 30-minute soak (SOAK_SECONDS) and the long
+# overload and stream runs, which read CONTEXTGATE_RELIABILITY=long.
+SOAK_SECONDS ?= 1800
+soak: install-dev
+	CONTEXTGATE_RELIABILITY=long CONTEXTGATE_SOAK_SECONDS=$(SOAK_SECONDS) \
+		$(BIN)/python -m pytest -s tests/reliability
 
 lint: install-dev helm-lint
 	$(BIN)/ruff check gateway pipelines tests bench

@@ -1,21 +1,36 @@
-"""A minimal closed-loop HTTP/1.1 load generator over asyncio streams.
+"""A minimal HTTP/1.1 load generator over asyncio streams, closed or open loop.
 
-Each of ``concurrency`` keep-alive connections sends a request, reads the whole answer
-(Content-Length or chunked), and sends the next, for ``seconds``. It does far less work per
-request than a general-purpose client, so on a small machine it measures the server rather
-than itself. Given several ports (replicas behind no balancer), it opens the connections
-round-robin over them, as a client-side balancer with one pool per replica would.
+Closed loop (``closed_loop``): each of ``concurrency`` keep-alive connections sends a
+request, reads the whole answer (Content-Length or chunked), and sends the next, for
+``seconds``. It does far less work per request than a general-purpose client, so on a small
+machine it measures the server rather than itself. Given several ports (replicas behind no
+balancer), it opens the connections round-robin over them, as a client-side balancer with
+one pool per replica would.
+
+Open loop (``open_loop``): requests start at a fixed rate whatever the answers, as
+independent users would send them; each takes an idle keep-alive connection or opens a new
+one. A server that falls behind meets ever more requests at once, which is what overload
+looks like. Latencies count from the moment a request was due, so a client that could not
+keep up does not hide the server's delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
     """Read one whole answer; its status."""
+    status, _ = await read_answer(reader)
+    return status
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Read one whole answer; its status and its head (status line and headers)."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     lowered = head.lower()
@@ -24,11 +39,11 @@ async def read_response(reader: asyncio.StreamReader) -> int:
             size = int((await reader.readuntil(b"\r\n")).strip(), 16)
             await reader.readexactly(size + 2)
             if size == 0:
-                return status
+                return status, head
     marker = lowered.index(b"content-length:") + len(b"content-length:")
     length = int(lowered[marker : lowered.index(b"\r\n", marker)])
     await reader.readexactly(length)
-    return status
+    return status, head
 
 
 def request_bytes(path: str, body: bytes) -> bytes:
@@ -76,3 +91,87 @@ async def closed_loop(
     started = time.perf_counter()
     await asyncio.gather(*(connection(ports[i % len(ports)]) for i in range(concurrency)))
     return ok / (time.perf_counter() - started), failed
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One request of an open-loop run."""
+
+    due: float
+    """Seconds from the run's start at which the request was due to be sent."""
+    status: int
+    """The answer's status; 0 when none came (timeout, connection error)."""
+    ms: float
+    """Milliseconds from ``due`` to the answer's last byte (or to the failure)."""
+    retry_after: bool
+    """The answer carried ``Retry-After``."""
+    late_ms: float = 0.0
+    """Milliseconds the request went out after ``due`` (the client's own delay: a
+    connection to open, or a client short of CPU)."""
+
+
+async def open_loop(
+    port: int,
+    path: str,
+    body: bytes,
+    *,
+    rate: float,
+    seconds: float,
+    answer_within: float = 30.0,
+    max_connections: int = 4_000,
+) -> list[Answer]:
+    """Send ``rate`` requests a second for ``seconds``, each at its due time whatever the
+    answers to the earlier ones; every request's ``Answer``, in the order they were due.
+    One without an answer within ``answer_within`` seconds counts as failed (status 0).
+    Past ``max_connections`` open at once a due request is not sent (status 0, ms 0)."""
+    request = request_bytes(path, body)
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    open_count = 0
+    answers: list[Answer | None] = []
+    started = time.perf_counter()
+
+    async def one(index: int, due: float) -> None:
+        nonlocal open_count
+        status, head, late = 0, b"", 0.0
+        connection = idle.pop() if idle else None
+        if connection is None and open_count >= max_connections:
+            answers[index] = Answer(due, 0, 0.0, False)
+            return
+        try:
+            async with asyncio.timeout(answer_within):
+                if connection is None:
+                    open_count += 1
+                    try:
+                        connection = await asyncio.open_connection("127.0.0.1", port)
+                    except BaseException:
+                        open_count -= 1
+                        raise
+                late = (time.perf_counter() - started - due) * 1000
+                connection[1].write(request)
+                status, head = await read_answer(connection[0])
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            status = 0
+        ms = (time.perf_counter() - started - due) * 1000
+        retry_after = b"\r\nretry-after:" in head.lower()
+        answers[index] = Answer(due, status, ms, retry_after, late)
+        if status and connection is not None:
+            idle.append(connection)
+        elif connection is not None:
+            open_count -= 1
+            connection[1].close()
+
+    tasks: list[asyncio.Task[None]] = []
+    interval = 1.0 / rate
+    for index in range(int(rate * seconds)):
+        due = index * interval
+        wait = started + due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        answers.append(None)
+        tasks.append(asyncio.create_task(one(index, due)))
+    await asyncio.gather(*tasks)
+    for _, writer in idle:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return [answer for answer in answers if answer is not None]

@@ -1,15 +1,21 @@
 """Admission: every route that is not marked public (``opt={"public": True}``: the health
 checks and ``/metrics``) runs behind it.
 
-Before the route handler, it refuses oversized headers (431), identifies the caller from
-its credentials (``gateway.auth``; 401 when tenants are configured and the key is not
-known) and takes a slot within the caller's limits (429 with ``Retry-After``). The decision
-rests on the route Litestar matched for the request's path, never on ``Host`` or
-``X-Forwarded-*``. The slot is given back when the response is over: a stream at its last
-event, however the exchange ends.
+Before the route handler, it first refuses the request when the process is overloaded
+(503 ``gateway_overloaded`` with ``Retry-After``, ``gateway.overload``). That check comes
+before authentication because it must cost least: authentication and limits may ask
+Redis, work an overloaded process should not take on for a request it then refuses. Then
+it refuses oversized headers (431), identifies the caller from its credentials
+(``gateway.auth``; 401 when tenants are configured and the key is not known) and takes a
+slot within the caller's limits (429 with ``Retry-After``). The decision rests on the
+route Litestar matched for the request's path, never on ``Host`` or ``X-Forwarded-*``.
+Both slots (the process's and the caller's) are given back when the response is over: a
+stream at its last event, however the exchange ends.
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 import anyio
 from litestar.datastructures import Headers
@@ -18,11 +24,14 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import identify
-from gateway.errors import HeadersTooLarge
+from gateway.codecs.anthropic_answers import error_body
+from gateway.errors import HeadersTooLarge, Overloaded, envelope_of
 from gateway.state import Gateway
 from gateway.store.redis import namespace_id
 
 __all__ = ["Admission"]
+
+_ANTHROPIC_ROUTES: Final = "/v1/messages"
 
 
 class Admission(ASGIMiddleware):
@@ -31,6 +40,20 @@ class Admission(ASGIMiddleware):
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         gateway: Gateway = scope["litestar_app"].state.gateway
+        shedder = gateway.shedder
+        refusal = shedder.admit()
+        if refusal is not None:
+            await _refuse(scope, send, refusal)
+            return
+        try:
+            await self._admit_caller(gateway, scope, receive, send, next_app)
+        finally:
+            shedder.release()
+
+    @staticmethod
+    async def _admit_caller(
+        gateway: Gateway, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp
+    ) -> None:
         limit = gateway.settings.max_header_bytes
         if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
             raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")
@@ -45,3 +68,18 @@ class Admission(ASGIMiddleware):
             if lease is not None:
                 with anyio.CancelScope(shield=True):
                     await lease.release()
+
+
+async def _refuse(scope: Scope, send: Send, refusal: Overloaded) -> None:
+    """Send the 503 straight away, in the route's envelope: through Litestar's exception
+    handlers a refusal cost about half a small request (estimated under overload), too
+    much when the point is to save the work."""
+    anthropic = scope["path"].startswith(_ANTHROPIC_ROUTES)
+    body = error_body(refusal.status, refusal.message) if anthropic else envelope_of(refusal)
+    headers = [(b"content-type", b"application/json")]
+    headers += [(name.encode(), value.encode()) for name, value in (refusal.headers or {}).items()]
+    request_id = scope.get("state", {}).get("request_id")
+    if request_id:
+        headers.append((b"x-contextgate-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

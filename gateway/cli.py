@@ -90,7 +90,8 @@ def _serve(args: argparse.Namespace) -> int:
         proxy_headers=False,
         server_header=False,
     )
-    server = DrainingServer(config, app.state.gateway.draining, settings.shutdown_grace)
+    gateway = app.state.gateway
+    server = DrainingServer(config, gateway.draining, settings.shutdown_grace, gateway.shedder)
     server.run()
     return 0 if server.started else 3  # 3: uvicorn's "could not start" (port taken, ...)
 

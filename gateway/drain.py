@@ -31,6 +31,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.codecs.anthropic_answers import error_body
 from gateway.errors import ShuttingDown, envelope_of
+from gateway.overload import Shedder
 from gateway.relay import anthropic_error_event, openai_error_event
 
 __all__ = ["Drain", "Draining", "DrainingServer"]
@@ -161,11 +162,25 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server, which on SIGTERM (or SIGINT) starts the gateway's drain before
     its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop."""
 
-    def __init__(self, config: uvicorn.Config, draining: Draining, grace: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        draining: Draining,
+        grace: float,
+        shedder: Shedder | None = None,
+    ) -> None:
         config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
         super().__init__(config)
         self._draining = draining
         self._grace = grace
+        self._shedder = shedder
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up; then the shedder watches the listening sockets' accept
+        queue (``gateway.overload``)."""
+        await super().startup(sockets)
+        if self._shedder is not None:
+            self._shedder.listen_on(sock for server in self.servers for sock in server.sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._draining.begin(self._grace)

@@ -14,11 +14,12 @@
     ├── UpstreamStreamBroken    502  upstream_error         upstream_stream_error
     ├── UpstreamInvalidAnswer   502  upstream_error         upstream_invalid_answer
     ├── ShuttingDown            503  server_error           gateway_shutting_down
+    ├── Overloaded              503  server_error           gateway_overloaded
     └── UpstreamTimeout         504  upstream_error         upstream_timeout
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
 with ``raise ... from exc``. ``openai_envelope`` renders any of them in the OpenAI shape.
-An error may carry response headers (``Retry-After`` on a 429).
+An error may carry response headers (``Retry-After`` on a 429 or a 503).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "HeadersTooLarge",
     "InvalidRequest",
     "NotFound",
+    "Overloaded",
     "PayloadTooLarge",
     "RateLimited",
     "RequestRejectedError",
@@ -167,6 +169,16 @@ class ShuttingDown(GatewayError):
     status = 503
     type = "server_error"
     default_code = "gateway_shutting_down"
+
+
+class Overloaded(GatewayError):
+    """The process is past its ``max_in_flight``, or work waits longer than
+    ``max_queue_delay`` (``gateway.overload``); refused before any work, with
+    ``Retry-After``. Sent again, it may reach another replica or a calmer moment."""
+
+    status = 503
+    type = "server_error"
+    default_code = "gateway_overloaded"
 
 
 class UpstreamTimeout(GatewayError):

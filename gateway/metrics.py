@@ -9,9 +9,9 @@ in one place:
   (``gateway.access``), once per request, from what the handlers left in its state;
 - upstream latency: by ``gateway.exchange`` when an answer arrives;
 - cache breaks: by ``gateway.cache_breaks``;
-- store failures and summary jobs: counted by the store and the summary service
-  themselves and read at scrape time (``watch``), so those modules know nothing of
-  Prometheus.
+- store failures, summary jobs and overload (requests shed, in flight, the event loop's
+  lag and tasks): counted by the store, the summary service and the shedder themselves
+  and read at scrape time (``watch``), so those modules know nothing of Prometheus.
 
 A new concern adds its families in ``Metrics.__init__`` under a comment naming it, and a
 section in ``docs/OBSERVABILITY.md``. prometheus-client's ``labels()`` validates its
@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from pipelines import ModelCatalog, Report
 
 if TYPE_CHECKING:
+    from gateway.overload import Shedder
     from gateway.store import Stores
     from gateway.summaries import SummaryService
 
@@ -241,9 +242,10 @@ class Metrics:
             for ok in (True, False)
         }
 
-    def watch(self, stores: Stores, summaries: SummaryService) -> None:
-        """Export the counts ``stores`` and ``summaries`` keep themselves."""
+    def watch(self, stores: Stores, summaries: SummaryService, shedder: Shedder) -> None:
+        """Export the counts ``stores``, ``summaries`` and ``shedder`` keep themselves."""
         self.registry.register(_OwnCounts(stores, summaries))
+        self.registry.register(_Overload(shedder))
 
     def request(self, route: str, tenant: str, model: str, status: int, seconds: float) -> None:
         """One answered request."""
@@ -359,3 +361,45 @@ class _OwnCounts(Collector):
         yield failures
         yield circuit
         yield jobs
+
+
+class _Overload(Collector):
+    """What the shedder (``gateway.overload``) knows of the process's load, read at scrape
+    time."""
+
+    def __init__(self, shedder: Shedder) -> None:
+        self._shedder = shedder
+
+    def collect(self) -> Iterator[Metric]:
+        shedder = self._shedder
+        shed = CounterMetricFamily(
+            "contextgate_overload_shed",
+            "Requests refused with 503 gateway_overloaded, by reason: in_flight (max_in_flight"
+            " reached), event_loop_lag (the loop behind by more than max_queue_delay),"
+            " accept_queue (new connections waiting longer than that to be accepted).",
+            labels=["reason"],
+        )
+        for reason, count in shedder.shed.items():
+            shed.add_metric([reason], count)
+        yield shed
+        yield GaugeMetricFamily(
+            "contextgate_admitted_in_flight",
+            "Requests past admission and not finished (public routes not counted): what"
+            " max_in_flight caps.",
+            value=shedder.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "contextgate_event_loop_lag_seconds",
+            "Seconds the event loop is behind: how late a timer it sets every 50 ms fires.",
+            value=shedder.lag,
+        )
+        yield GaugeMetricFamily(
+            "contextgate_accept_queue",
+            "Connections the kernel has completed and the process has not accepted yet.",
+            value=shedder.accept_queue,
+        )
+        yield GaugeMetricFamily(
+            "contextgate_event_loop_tasks",
+            "asyncio tasks alive on the event loop.",
+            value=shedder.tasks,
+        )

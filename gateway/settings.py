@@ -243,6 +243,21 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     what is left ends with a terminal error (``gateway_shutting_down``). Keep it below the
     orchestrator's kill deadline (Kubernetes: ``terminationGracePeriodSeconds`` minus any
     ``preStop`` delay) so the ending is the gateway's, not a SIGKILL."""
+    max_in_flight: int | None = 1_024
+    """Requests this process handles at once, every tenant together (a stream until its
+    last event; ``/healthz``, ``/readyz`` and ``/metrics`` not counted); past it a request
+    gets 503 ``gateway_overloaded`` with ``Retry-After`` before any work is done. The
+    default keeps a process full of 20K-token requests (about 280 KiB each in flight, on
+    225 MiB at rest) near 500 MiB, within the chart's 512 MiB memory request. ``None``:
+    no cap."""
+    max_queue_delay: float | None = 0.1
+    """Seconds work may wait before the process gets to it, by either measure: the event
+    loop's lag (a timer it sets every 50 ms fires late) or new connections' wait in the
+    kernel's accept queue (its length over the rate requests come in). Past it, new
+    requests are refused with 503 ``gateway_overloaded``: the process is saturated and
+    what it admits only waits. Low on purpose: a request goes round the loop several
+    times, so a loop 0.1 s behind already means a second or more of waiting for each
+    request; an idle loop runs its timers within milliseconds. ``None``: not checked."""
 
     stream_keepalive: float = 15.0
     """Seconds a relayed stream may stay silent before the gateway sends the client an
@@ -263,6 +278,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("shutdown_grace must be in [0, 3600] seconds")
         if not (self.stream_keepalive == 0 or 0.1 <= self.stream_keepalive <= 3_600):
             raise ConfigError("stream_keepalive must be 0 (off) or in [0.1, 3600] seconds")
+        if self.max_in_flight is not None and not 1 <= self.max_in_flight <= 1_000_000:
+            raise ConfigError("max_in_flight must be between 1 and 1000000, or null")
+        if self.max_queue_delay is not None and not 0.01 <= self.max_queue_delay <= 60:
+            raise ConfigError("max_queue_delay must be in [0.01, 60] seconds, or null")
         if self.redis_url is not None:
             # Imported here: the store package imports this module.
             from gateway.store.topologies import RedisTopology

@@ -15,6 +15,7 @@ from gateway.drain import Draining
 from gateway.errors import InvalidRequest
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
+from gateway.overload import Shedder
 from gateway.settings import Settings
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
@@ -47,6 +48,7 @@ class Gateway:
     anthropic: AnthropicUpstream
     limiter: Limiter
     metrics: Metrics
+    shedder: Shedder
     summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
     """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
     structured_refused: set[str] = field(default_factory=set)
@@ -56,7 +58,7 @@ class Gateway:
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.metrics.watch(self.stores, self.summaries)
+        self.metrics.watch(self.stores, self.summaries, self.shedder)
 
     def upstream_for(self, model: str) -> ChatUpstream:
         """Where requests for ``model`` go: the built-in Anthropic provider for Anthropic
@@ -113,6 +115,7 @@ class Gateway:
             tenants=Tenants(settings),
             limiter=Limiter(stores.redis, metrics),
             metrics=metrics,
+            shedder=Shedder(settings.max_in_flight, settings.max_queue_delay),
             anthropic=AnthropicUpstream(
                 settings.anthropic,
                 settings.upstream,
@@ -134,8 +137,10 @@ class Gateway:
             self.pipeline.counter(encoding)
         gc.collect()
         gc.freeze()
+        self.shedder.start()
 
     async def aclose(self) -> None:
+        self.shedder.stop()
         await self.summaries.aclose()
         if self._writes:
             await asyncio.wait(self._writes, timeout=1.0)
