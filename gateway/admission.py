@@ -15,8 +15,6 @@ stream at its last event, however the exchange ends.
 
 from __future__ import annotations
 
-from typing import Final
-
 import anyio
 from litestar.datastructures import Headers
 from litestar.enums import ScopeType
@@ -24,14 +22,12 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import identify
-from gateway.codecs.anthropic_answers import error_body
-from gateway.errors import HeadersTooLarge, Overloaded, envelope_of
+from gateway.errors import HeadersTooLarge
+from gateway.relay import send_error
 from gateway.state import Gateway
 from gateway.store.redis import namespace_id
 
 __all__ = ["Admission"]
-
-_ANTHROPIC_ROUTES: Final = "/v1/messages"
 
 
 class Admission(ASGIMiddleware):
@@ -43,7 +39,9 @@ class Admission(ASGIMiddleware):
         shedder = gateway.shedder
         refusal = shedder.admit()
         if refusal is not None:
-            await _refuse(scope, send, refusal)
+            # Answered here, not through Litestar's exception handlers: there a refusal
+            # cost about half a small request, too much when the point is to save work.
+            await send_error(scope, send, refusal)
             return
         try:
             await self._admit_caller(gateway, scope, receive, send, next_app)
@@ -68,18 +66,3 @@ class Admission(ASGIMiddleware):
             if lease is not None:
                 with anyio.CancelScope(shield=True):
                     await lease.release()
-
-
-async def _refuse(scope: Scope, send: Send, refusal: Overloaded) -> None:
-    """Send the 503 straight away, in the route's envelope: through Litestar's exception
-    handlers a refusal cost about half a small request (estimated under overload), too
-    much when the point is to save the work."""
-    anthropic = scope["path"].startswith(_ANTHROPIC_ROUTES)
-    body = error_body(refusal.status, refusal.message) if anthropic else envelope_of(refusal)
-    headers = [(b"content-type", b"application/json")]
-    headers += [(name.encode(), value.encode()) for name, value in (refusal.headers or {}).items()]
-    request_id = scope.get("state", {}).get("request_id")
-    if request_id:
-        headers.append((b"x-contextgate-request-id", request_id.encode()))
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})

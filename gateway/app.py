@@ -17,7 +17,7 @@ from gateway.codecs.anthropic_inbound import error_body
 from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.openapi import DocumentJson
-from gateway.relay import error_response
+from gateway.relay import ANTHROPIC_ROUTES, error_response
 from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.health import healthz, readyz
@@ -34,8 +34,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("contextgate")
 
-_MESSAGES_ROUTES = "/v1/messages"
-"""Routes of the Anthropic API: their errors use Anthropic's envelope."""
 
 _HTTP_CODES = {
     400: "invalid_request",
@@ -54,7 +52,7 @@ def _error_headers(request: Request[Any, Any, Any], exc: GatewayError) -> dict[s
 
 
 def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Response[bytes]:
-    if request.url.path.startswith(_MESSAGES_ROUTES):
+    if request.url.path.startswith(ANTHROPIC_ROUTES):
         return Response(
             content=error_body(exc.status, exc.message),
             status_code=exc.status,

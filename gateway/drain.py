@@ -29,10 +29,9 @@ import uvicorn
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.codecs.anthropic_answers import error_body
-from gateway.errors import ShuttingDown, envelope_of
+from gateway.errors import ShuttingDown
 from gateway.overload import Shedder
-from gateway.relay import anthropic_error_event, openai_error_event
+from gateway.relay import ANTHROPIC_ROUTES, anthropic_error_event, openai_error_event, send_error
 
 __all__ = ["Drain", "Draining", "DrainingServer"]
 
@@ -40,7 +39,6 @@ log = logging.getLogger("contextgate.drain")
 
 _BACKSTOP: Final = 5.0
 """Seconds uvicorn waits past the grace period before cancelling what is left itself."""
-_ANTHROPIC_ROUTES: Final = "/v1/messages"
 
 
 class Draining:
@@ -122,16 +120,10 @@ class Drain:
             " send it again.",
             headers={"retry-after": "1"},
         )
-        anthropic = scope["path"].startswith(_ANTHROPIC_ROUTES)
         if not response.started:
-            body = error_body(error.status, error.message) if anthropic else envelope_of(error)
-            headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
-            request_id = scope["state"].get("request_id")
-            if request_id:
-                headers.append((b"x-contextgate-request-id", request_id.encode()))
-            await send({"type": "http.response.start", "status": error.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await send_error(scope, send, error)
         elif response.event_stream:
+            anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
             event = anthropic_error_event(error) if anthropic else openai_error_event(error)
             await send({"type": "http.response.body", "body": event, "more_body": False})
         # Any other response already begun is cut: the server closes its connection.

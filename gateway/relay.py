@@ -25,7 +25,7 @@ import httpx
 from litestar import Response
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Message, Receive, Send
+from litestar.types import Message, Receive, Scope, Send
 
 from gateway.codecs.anthropic_answers import error_body
 from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
@@ -40,6 +40,7 @@ __all__ = [
     "first_event",
     "is_event_stream",
     "openai_error_event",
+    "send_error",
     "streamed_response",
 ]
 
@@ -217,3 +218,21 @@ def error_response(error: GatewayError, headers: dict[str, Any] | None = None) -
         media_type="application/json",
         headers=headers,
     )
+
+
+ANTHROPIC_ROUTES = "/v1/messages"
+"""Routes of the Anthropic API: their errors use Anthropic's envelope."""
+
+
+async def send_error(scope: Scope, send: Send, error: GatewayError) -> None:
+    """Answer ``error`` straight on the ASGI ``send``, in the envelope of the request's
+    route, for the middlewares that answer before (or after) Litestar's handlers."""
+    anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
+    body = error_body(error.status, error.message) if anthropic else envelope_of(error)
+    headers = [(b"content-type", b"application/json")]
+    headers += [(name.encode(), value.encode()) for name, value in (error.headers or {}).items()]
+    request_id = scope.get("state", {}).get("request_id")
+    if request_id:
+        headers.append((b"x-contextgate-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
