@@ -2,7 +2,7 @@
 while clients keep sending; upstreams that refuse, fail, time out or reset; a summary
 model that fails. What a client sees, what goes upstream, and what is lost (nothing).
 
-Each test prints its figures (``pytest -s``); ``docs/reliability-faults.md`` has a run's.
+Each test prints its figures (``pytest -s``); ``docs/RELIABILITY.md`` has a run's.
 """
 
 from __future__ import annotations

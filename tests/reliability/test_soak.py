@@ -36,7 +36,7 @@ TASKS_SLACK = 5
 SHED_SHARE = 0.001
 """Requests the shedder may refuse (503 gateway_overloaded) although the traffic is far
 below capacity: on a shared host the process is sometimes stalled past
-``max_queue_delay`` (the 30-minute run on the two-vCPU machine of docs/reliability-overload.md
+``max_queue_delay`` (the 30-minute run on the two-vCPU machine of docs/RELIABILITY.md
 refused 4 of 84,692). They are counted apart, not taken for failures."""
 GROWTH_MIB = 48.0
 """RSS allowed to grow from the first third of the run to its end (the allocator keeps

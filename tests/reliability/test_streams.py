@@ -5,7 +5,7 @@ slow clients, sending or reading, held at their own pace without holding up the 
 
 ``CONTEXTGATE_RELIABILITY=long`` runs the long versions (60 s of 200 streams, a 90 s
 silence past a 60 s idle limit); by default the CI versions, scaled down, run. Each test
-prints its figures (``pytest -s``); ``docs/reliability-streams.md`` collects them.
+prints its figures (``pytest -s``); ``docs/RELIABILITY.md`` collects them.
 """
 
 from __future__ import annotations
