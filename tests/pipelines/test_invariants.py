@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bench.compaction import Session, requests_of
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy, RequestRejected
+from pipelines import CompactResult, Pipeline, Policy, RequestRejected
 from pipelines.cache_break import without_markers
 from pipelines.report import Report
 from pipelines.stages import DEFAULT_STAGES, PassThrough
@@ -79,6 +79,24 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     return messages
 
 
+async def compacted(
+    pipeline: Pipeline, request: dict[str, Any], policy: Policy
+) -> CompactResult | None:
+    """The pipeline's result, or ``None`` when it refused the request as too large (the
+    only refusals allowed)."""
+    try:
+        result = await pipeline.compact(request, policy=policy)
+    except RequestRejected as exc:
+        rejected: str | None = exc.code
+    else:
+        rejected = None
+    event(f"rejected: {rejected}")
+    if rejected is None:
+        return result
+    assert rejected in ("context_length_exceeded", "payload_too_large")
+    return None
+
+
 @given(conversations(), st.sampled_from([4_000, 6_000, 12_000]), MODELS)
 async def test_invariants(messages: list[dict[str, Any]], max_input: int, model: str) -> None:
     """Whatever the conversation and the model family: the output fits or the request is
@@ -90,15 +108,8 @@ async def test_invariants(messages: list[dict[str, Any]], max_input: int, model:
     pipeline = Pipeline(store=store)
     request = {"model": model, "messages": messages}
     policy = Policy(max_input=max_input, filter_tokens=3_000)
-    try:
-        result = await pipeline.compact(request, policy=policy)
-    except RequestRejected as exc:
-        rejected = exc.code
-    else:
-        rejected = None
-    event(f"rejected: {rejected}")
-    if rejected is not None:
-        assert rejected in ("context_length_exceeded", "payload_too_large")
+    result = await compacted(pipeline, request, policy)
+    if result is None:
         return
     event(f"compress: {'compress' in result.report.actions}")
     assert markers(result.request) <= 4
@@ -243,15 +254,8 @@ async def test_invariants_under_fuzzed_conversations(
     store = MemoryStore()
     request = {"model": model, "messages": messages}
     policy = Policy(max_input=max_input, filter_tokens=3_000)
-    try:
-        result = await Pipeline(store=store).compact(request, policy=policy)
-    except RequestRejected as exc:
-        rejected = exc.code
-    else:
-        rejected = None
-    event(f"rejected: {rejected}")
-    if rejected is not None:
-        assert rejected in ("context_length_exceeded", "payload_too_large")
+    result = await compacted(Pipeline(store=store), request, policy)
+    if result is None:
         return
     out = unmarked(result.request["messages"])
     assert_valid(out)
