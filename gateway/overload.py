@@ -10,9 +10,11 @@ are never checked, so probes and scrapes keep answering):
 - ``max_queue_delay``, against two measures of how long work waits before the process gets
   to it:
 
-  - the event loop's lag: how late the loop runs a timer it sets every ``TICK`` seconds
-    (the larger of the last tick's lateness and how overdue the next tick is now, so a
-    loop stuck since its last tick is seen at once). Work that blocks the loop shows here.
+  - the event loop's lag: how late the loop runs a timer it sets every ``TICK`` seconds,
+    counted only when ``SUSTAINED`` ticks in a row were late. One late tick is one long
+    stretch of work (a large body parsed, a long history counted): the process is free
+    again when the next request arrives, and refusing that request (a serial client's
+    next one, say) would be a false alarm. A saturated loop is late tick after tick.
   - the accept queue's delay: connections the kernel has completed and the process has
     not accepted yet (``TCP_INFO`` of the listening sockets, which ``DrainingServer``
     hands over), divided by the rate at which requests reach admission. Measured on this
@@ -35,10 +37,12 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["REASONS", "TICK", "Shedder"]
+__all__ = ["REASONS", "SUSTAINED", "TICK", "Shedder"]
 
 TICK: Final = 0.05
 """Seconds between two readings of the event loop's lag."""
+SUSTAINED: Final = 3
+"""Late ticks in a row that make the loop's lag a reason to refuse."""
 REASONS: Final = ("in_flight", "event_loop_lag", "accept_queue")
 _MIN_RATE: Final = 50.0
 """Requests a second assumed at least when estimating the accept queue's delay, so that a
@@ -64,6 +68,7 @@ class Shedder:
         "_due",
         "_handle",
         "_lag",
+        "_late_ticks",
         "_listeners",
         "_loop",
         "_rate",
@@ -88,6 +93,8 @@ class Shedder:
         self.shed = dict.fromkeys(REASONS, 0)
         """Requests refused since start, by reason."""
         self._lag = 0.0
+        self._late_ticks = 0
+        """Ticks in a row that came more than ``max_queue_delay`` late."""
         self._due = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -123,6 +130,9 @@ class Shedder:
     def _tick(self) -> None:
         now = time.monotonic()
         self._lag = max(0.0, now - self._due)
+        limit = self.max_queue_delay
+        late = limit is not None and self._lag > limit
+        self._late_ticks = self._late_ticks + 1 if late else 0
         rate = self._taken / max(now - self._ticked, 1e-3)
         self._rate += _RATE_WEIGHT * (rate - self._rate)
         self._taken = 0
@@ -169,7 +179,7 @@ class Shedder:
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             reason = "in_flight"
         elif (limit := self.max_queue_delay) is not None:
-            if self.lag > limit:
+            if self._late_ticks >= SUSTAINED:
                 reason = "event_loop_lag"
             elif self.queue_delay > limit:
                 reason = "accept_queue"

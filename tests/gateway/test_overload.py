@@ -10,7 +10,7 @@ import time
 import httpx
 
 from gateway.errors import Overloaded
-from gateway.overload import TICK, Shedder
+from gateway.overload import SUSTAINED, TICK, Shedder
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
@@ -47,15 +47,23 @@ def test_without_limits_nothing_is_refused() -> None:
     assert shedder.in_flight == 10_000
 
 
-async def test_a_blocked_event_loop_sheds_until_it_catches_up() -> None:
-    """The loop blocked for 0.3 s: refused at once (no tick needed), admitted again once
-    the loop has run a timely tick."""
+async def test_one_long_stretch_is_not_overload_but_a_saturated_loop_is() -> None:
+    """The loop blocked once for 0.3 s (a large request worked on): the next request is
+    admitted. Blocked again and again, tick after tick: refused, until a timely tick."""
     shedder = Shedder(max_in_flight=None, max_queue_delay=0.1)
     shedder.start()
     try:
         await asyncio.sleep(TICK * 2)
+        time.sleep(0.3)  # noqa: ASYNC251 -- the point: the loop is stuck
+        for _ in range(2):  # the late tick runs
+            await asyncio.sleep(0)
+        assert shedder.lag > 0.1
         assert shedder.admit() is None
-        time.sleep(0.3)  # noqa: ASYNC251 -- the point: the loop is stuck, its tick overdue
+        for _ in range(SUSTAINED):
+            time.sleep(0.2)  # noqa: ASYNC251 -- work after work, no idle moment
+            for _ in range(2):  # the overdue tick runs, late again
+                await asyncio.sleep(0)
+        assert shedder.lag > 0.1
         assert isinstance(shedder.admit(), Overloaded)
         assert shedder.shed["event_loop_lag"] == 1
         await asyncio.sleep(TICK * 3)
