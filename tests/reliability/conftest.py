@@ -77,6 +77,11 @@ def fuzz_gateway(fuzz_upstream: MockUpstream) -> Iterator[GatewayServer]:
         upstream=UpstreamSettings(base_url=fuzz_upstream.base_url, read_timeout=10.0),
         anthropic=AnthropicSettings(base_url=fuzz_upstream.base_url.removesuffix("/v1")),
         summaries=False,
+        # The gateway runs on a thread of this process, whose Hypothesis thread holds the
+        # GIL for long stretches building multi-megabyte inputs: its loop's timers are
+        # then late tick after tick, and the lag signal would rightly refuse. A gateway
+        # process of its own has no such neighbour; shedding is tested in test_overload.
+        max_queue_delay=None,
     )
     with GatewayServer(settings) as server:
         yield server
