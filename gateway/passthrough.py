@@ -199,7 +199,11 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
         if model is not None:
             request.state.body = {"model": model}  # the access log's and metrics' model
     elif length not in (None, "0") or "transfer-encoding" in headers:
-        limit = settings.max_file_bytes if content_type.startswith(_MULTIPART) else settings.max_body_bytes
+        limit = (
+            settings.max_file_bytes
+            if content_type.startswith(_MULTIPART)
+            else settings.max_body_bytes
+        )
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(_too_large(limit))
         content = _StreamedBody(request.receive, limit, settings.body_timeout)
@@ -314,7 +318,9 @@ class _RelayedResponse(ASGIStreamingResponse):
 
     __slots__ = ("_raw_headers", "_span", "_upstream")
 
-    def __init__(self, response: httpx.Response, span: Span, headers: Iterable[tuple[str, str]]) -> None:
+    def __init__(
+        self, response: httpx.Response, span: Span, headers: Iterable[tuple[str, str]]
+    ) -> None:
         super().__init__(iterator=_chunks(response), status_code=response.status_code)
         self._upstream = response
         self._span = span
@@ -333,7 +339,7 @@ class _RelayedResponse(ASGIStreamingResponse):
             raise
         finally:
             with anyio.CancelScope(shield=True):
-                await close(self.iterator)  # type: ignore[arg-type]
+                await close(self.iterator)
                 await self._upstream.aclose()
             _end(self._span, failure=failure)
 

@@ -540,7 +540,9 @@ class OpenAIRoutes:
         return completion
 
 
-def responses_stream(model: str, text: tuple[str, ...] = ("Hello", " from", " the mock.")) -> list[bytes]:
+def responses_stream(
+    model: str, text: tuple[str, ...] = ("Hello", " from", " the mock.")
+) -> list[bytes]:
     """A streamed Responses-API answer, event by event, as the API sends it."""
     message: dict[str, Any] = {
         "id": "msg_mock",

@@ -18,7 +18,7 @@ from gateway.settings import Settings, TenantSettings, UpstreamSettings
 from gateway.tenants import hash_key
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, OpenAIRoutes, Received, SSEReply
+from tests.mock_upstream import JSONReply, MockUpstream, OpenAIRoutes, Received, responses_stream
 
 T = TypeVar("T")
 
@@ -136,7 +136,9 @@ def test_streamed_responses_equal_direct(
     expected, got = both(
         upstream,
         gateway.base_url,
-        lambda c: [e.model_dump() for e in c.responses.create(model="gpt-4o", input="Hi", stream=True)],
+        lambda c: [
+            e.model_dump() for e in c.responses.create(model="gpt-4o", input="Hi", stream=True)
+        ],
     )
     assert got == expected
     assert got[-1]["type"] == "response.completed"
@@ -146,9 +148,7 @@ def test_streamed_responses_equal_direct(
     body = {"model": "gpt-4o", "input": "Hi", "stream": True}
     with httpx.stream("POST", f"{gateway.base_url}/responses", json=body) as raw:
         assert raw.headers["content-type"].startswith("text/event-stream")
-        assert raw.read() == b"".join(
-            e for e in __import__("tests.mock_upstream").mock_upstream.responses_stream("gpt-4o")
-        )
+        assert raw.read() == b"".join(responses_stream("gpt-4o"))
 
 
 def test_file_upload_and_download(
@@ -220,7 +220,10 @@ def test_upstream_error_relayed_with_key_redacted(
     """An upstream error comes back with its status and body, minus the key it quotes."""
     error = {"error": {"message": "Incorrect API key provided: sk-secret-123.", "code": "k"}}
     upstream.push(JSONReply(error, status=401))
-    with client(gateway.base_url, "sk-secret-123") as via, pytest.raises(openai.AuthenticationError) as caught:
+    with (
+        client(gateway.base_url, "sk-secret-123") as via,
+        pytest.raises(openai.AuthenticationError) as caught,
+    ):
         via.files.list()
     assert caught.value.status_code == 401
     assert "sk-secret-123" not in caught.value.response.text
@@ -298,15 +301,16 @@ def test_tenants_on_relayed_routes(
         assert upstream.received[-1].headers["authorization"] == "Bearer sk-alpha-upstream"
         with pytest.raises(openai.PermissionDeniedError):
             via.embeddings.create(model="gpt-4o", input="hi")
-    with client(tenant_gateway.base_url, "cg-unknown") as stranger:
-        with pytest.raises(openai.AuthenticationError):
-            stranger.files.list()
+    with (
+        client(tenant_gateway.base_url, "cg-unknown") as stranger,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        stranger.files.list()
     assert len(upstream.received) == 1
 
 
 def test_upstream_base_path_prefix(upstream: MockUpstream) -> None:
     """The path under the gateway's ``/v1`` goes after the upstream base URL's own path."""
-    settings = settings_for(upstream)
     settings = Settings(
         upstream=UpstreamSettings(base_url=f"http://127.0.0.1:{upstream.port}/api/v1/"),
         summaries=False,
