@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -18,7 +19,15 @@ from gateway.settings import Settings, TenantSettings, UpstreamSettings
 from gateway.tenants import hash_key
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, OpenAIRoutes, Received, responses_stream
+from tests.mock_upstream import (
+    Hang,
+    JSONReply,
+    MockUpstream,
+    OpenAIRoutes,
+    Received,
+    SSEReply,
+    responses_stream,
+)
 
 T = TypeVar("T")
 
@@ -427,3 +436,39 @@ def test_upstream_target(base: str, target: bytes) -> None:
 def test_no_re_encoding_of_query() -> None:
     """An empty query string adds no ``?``."""
     assert re.fullmatch(rb"/v1/x", upstream_target("http://h/v1", b"/v1/x", b""))
+
+
+def test_client_leaving_a_relayed_stream_closes_the_upstream(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A client that leaves a relayed stream midway has the upstream request closed
+    within a second."""
+    upstream.push(SSEReply(responses_stream("gpt-4o"), interval=2.0))
+    body = {"model": "gpt-4o", "input": "Hi", "stream": True}
+    with httpx.stream("POST", f"{gateway.base_url}/responses", json=body) as raw:
+        assert next(raw.iter_raw()).startswith(b"event: response.created")
+    left_at = time.monotonic()
+    closed_at = upstream.wait_for_disconnect(3.0)
+    assert closed_at is not None
+    assert closed_at - left_at < 1.0
+
+
+@pytest.mark.parametrize("upload", [False, True])
+def test_client_leaving_before_the_answer_closes_the_upstream(
+    gateway: GatewayServer, upstream: MockUpstream, upload: bool
+) -> None:
+    """A client that gives up while the upstream thinks (after a JSON body, or after a
+    streamed upload) has the upstream request closed within a second."""
+    upstream.push(Hang())
+    request: dict[str, Any] = (
+        {"content": iter([b"z" * 1_000] * 3), "headers": {"content-type": "audio/wav"}}
+        if upload
+        else {"json": {"model": "gpt-image-1", "prompt": "a cat"}}
+    )
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.base_url}/images/generations", timeout=0.5, **request)
+    left_at = time.monotonic()
+    closed_at = upstream.wait_for_disconnect(3.0)
+    assert closed_at is not None
+    assert closed_at - left_at < 1.0
+    assert len(upstream.received[-1].body) == (3_000 if upload else 40)
