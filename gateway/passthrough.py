@@ -55,6 +55,7 @@ from gateway.errors import (
 )
 from gateway.headers import report_headers
 from gateway.relay import buffered_response
+from gateway.settings import Settings
 from gateway.sse import close
 from gateway.state import Gateway
 from gateway.upstream import HOP_BY_HOP, Upstream, upstream_request_headers
@@ -186,27 +187,8 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
 
     caller = caller_of(request)
     headers = request.headers
-    content_type = headers.get("content-type", "").lower()
     length = headers.get("content-length")
-    settings = gateway.settings
-    content: bytes | _StreamedBody | None = None
-    model: str | None = None
-    if content_type.startswith("application/json"):
-        content = await read_body(
-            request.receive, length, settings.max_body_bytes, within=settings.body_timeout
-        )
-        model = _model_of(content)
-        if model is not None:
-            request.state.body = {"model": model}  # the access log's and metrics' model
-    elif length not in (None, "0") or "transfer-encoding" in headers:
-        limit = (
-            settings.max_file_bytes
-            if content_type.startswith(_MULTIPART)
-            else settings.max_body_bytes
-        )
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise PayloadTooLarge(_too_large(limit))
-        content = _StreamedBody(request.receive, limit, settings.body_timeout)
+    content, model = await _body_of(request, gateway.settings)
     if model is None and path.startswith("/v1/models/"):
         model = path.removeprefix("/v1/models/")
     upstream = _upstream_for(gateway, caller, model)
@@ -221,8 +203,11 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
     try:
         with trace.use_span(span, end_on_exit=False):
             response = await _send(request.receive, upstream, method, target, forwarded, content)
-    except BaseException as exc:
+    except Exception as exc:
         _end(span, failure=getattr(exc, "code", None) or type(exc).__qualname__)
+        raise
+    except BaseException:
+        _end(span)  # cancelled: the client left or the drain ended it, the upstream did not fail
         raise
     span.set_attribute("http.response.status_code", response.status_code)
     ours = report_headers(request.state.request_id, None, own_ms)
@@ -233,6 +218,30 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
         )
         return buffered_response(response, body, ours)
     return _RelayedResponse(response, span, [*_relayable(response.headers), *ours.items()])
+
+
+async def _body_of(
+    request: Request[Any, Any, Any], settings: Settings
+) -> tuple[bytes | _StreamedBody | None, str | None]:
+    """The body to send on (``None``: the request has none) and the model it names. A
+    JSON body is read whole, for its ``model``; any other streams, within its limit."""
+    headers = request.headers
+    media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+    length = headers.get("content-length")
+    if media_type == "application/json":
+        body = await read_body(
+            request.receive, length, settings.max_body_bytes, within=settings.body_timeout
+        )
+        model = _model_of(body)
+        if model is not None:
+            request.state.body = {"model": model}  # the access log's and metrics' model
+        return body, model
+    if length in (None, "0") and "transfer-encoding" not in headers:
+        return None, None
+    limit = settings.max_file_bytes if media_type == _MULTIPART else settings.max_body_bytes
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise PayloadTooLarge(_too_large(limit))
+    return _StreamedBody(request.receive, limit, settings.body_timeout), None
 
 
 def _model_of(body: bytes) -> str | None:

@@ -472,3 +472,25 @@ def test_client_leaving_before_the_answer_closes_the_upstream(
     assert closed_at is not None
     assert closed_at - left_at < 1.0
     assert len(upstream.received[-1].body) == (3_000 if upload else 40)
+
+
+def test_only_json_bodies_are_read(gateway: GatewayServer, upstream: MockUpstream) -> None:
+    """A body declared JSON that is not is a 400 before anything goes upstream; a body of
+    another type (JSON Lines here) is relayed as it is, unread."""
+    bad = httpx.post(
+        f"{gateway.base_url}/embeddings",
+        content=b'{"model": ',
+        headers={"content-type": "application/json"},
+    )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_json"
+    assert upstream.received == []
+    upstream.push(JSONReply({"ok": True}))
+    lines = b'{"a": 1}\n{"b": \n'
+    relayed = httpx.post(
+        f"{gateway.base_url}/uploads/u1/parts",
+        content=lines,
+        headers={"content-type": "application/jsonl"},
+    )
+    assert relayed.json() == {"ok": True}
+    assert upstream.received[-1].body == lines
