@@ -25,6 +25,7 @@ from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
+from gateway.routes.passthrough import relayed, stored_completions
 from gateway.server_span import ServerSpans
 from gateway.settings import Settings, load_settings
 from gateway.state import Gateway
@@ -113,6 +114,8 @@ def create_app(
             healthz,
             readyz,
             metrics,
+            stored_completions,
+            relayed,
         ],
         exception_handlers={
             GatewayError: _on_gateway_error,

@@ -350,9 +350,23 @@ _OPERATIONS: Final[dict[tuple[str, str], dict[str, Any]]] = {
 """What each operation gets on top of what Litestar generates (its responses replaced)."""
 
 
+_RELAY: Final = (
+    "Every other route under `/v1/` (embeddings, files, audio, images, moderations,"
+    " batches, uploads, vector stores, fine-tuning, stored chat completions: `GET"
+    " /v1/chat/completions` and `/v1/chat/completions/{id}...`, `/v1/models/{id}`, the"
+    " Responses API, ...) is relayed to the upstream as it came: same method, path and"
+    " query string byte for byte, body and answer streamed, the upstream's status, headers"
+    " and body relayed; with the gateway's key handling (`Authorization`), limits (401,"
+    " 403, 413, 429) and `x-contextgate-request-id`. Those routes are the upstream's API"
+    " and are not listed here. Any other path is a 404. See docs/API.md (Relayed routes)."
+)
+"""The relay, described once: its routes are the upstream's, documented by it."""
+
+
 def complete(document: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``document``, Litestar's, with the parts only the gateway knows."""
     document = copy.deepcopy(document)
+    document.setdefault("info", {})["description"] = _RELAY
     components = document.setdefault("components", {})
     components.setdefault("schemas", {}).update(SCHEMAS | _ERROR_SCHEMAS | _ANSWER_SCHEMAS)
     components["securitySchemes"] = _SECURITY_SCHEMES

@@ -208,6 +208,11 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body accepted; larger gets 413."""
+    max_file_bytes: int = 512 * 1024 * 1024
+    """Largest ``multipart/form-data`` body relayed (a file upload, an audio file to
+    transcribe, an image to edit: every OpenAI route that takes a file takes it that way);
+    larger gets 413. Such a body is streamed upstream as it arrives, never held in memory.
+    The default is OpenAI's own limit for one file."""
     models: tuple[ModelInfo, ...] = ()
     """Catalog entries added to (or overriding) the built-in ones, with the fields of
     ``pipelines.ModelInfo``."""
@@ -268,6 +273,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1_024:
             raise ConfigError("max_body_bytes must be at least 1024")
+        if self.max_file_bytes < 1_024:
+            raise ConfigError("max_file_bytes must be at least 1024")
         if not 1 <= self.summary_workers <= 64 or not 1 <= self.summary_queue <= 10_000:
             raise ConfigError("summary_workers must be 1-64 and summary_queue 1-10000")
         if not 0 < self.body_timeout <= 3_600:

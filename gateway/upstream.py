@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
@@ -246,6 +246,24 @@ class Upstream(ResponseReading):
         raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         request = client.build_request(
             method, path, headers=raw_headers, content=content, params=params
+        )
+        with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
+            return await client.send(request, stream=True)
+
+    async def open(
+        self,
+        method: str,
+        target: bytes,
+        *,
+        headers: Iterable[tuple[bytes, bytes]],
+        content: bytes | AsyncIterable[bytes] | None,
+    ) -> httpx.Response:
+        """Send a request whose request-target is ``target``, byte for byte (httpx would
+        re-encode a path or query it parses), to the base URL's scheme, host and port;
+        the returned response's body is still to be read (or closed)."""
+        client = next(self._turn)
+        request = client.build_request(
+            method, "", headers=list(headers), content=content, extensions={"target": target}
         )
         with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
             return await client.send(request, stream=True)

@@ -15,6 +15,7 @@ calls, counting them, and the chat traffic beside them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import struct
@@ -256,8 +257,11 @@ class MockUpstream:
                 name, value = line.split(":", 1)
                 header_lines.append((name.strip().lower(), value.strip()))
         headers = dict(header_lines)
-        length = int(headers.get("content-length", "0"))
-        body = await reader.readexactly(length) if length else b""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = await self._chunked(reader)
+        else:
+            length = int(headers.get("content-length", "0"))
+            body = await reader.readexactly(length) if length else b""
         received = Received(method, target, headers, body, time.monotonic(), header_lines)
         if self.record:
             self.received.append(received)
@@ -267,6 +271,17 @@ class MockUpstream:
             return await self._answer(received, reader, writer)
         finally:
             self.in_flight -= 1
+
+    @staticmethod
+    async def _chunked(reader: asyncio.StreamReader) -> bytes:
+        """A chunked request body, whole."""
+        chunks = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+            if size == 0:
+                return b"".join(chunks)
 
     async def _answer(
         self, received: Received, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -427,6 +442,169 @@ class SummaryModel:
         with self._lock:
             self.answers.append(summary)
         return JSONReply(chat_completion(orjson.dumps(summary).decode()), delay=self.delay)
+
+
+class OpenAIRoutes:
+    """A ``MockUpstream.handler`` answering the OpenAI routes the gateway relays without
+    managing them: embeddings, files (a multipart upload kept in memory, its content
+    served back), audio speech (binary), stored chat completions (retrieve, update,
+    delete, list, messages), model retrieval and deletion, and the Responses API (a
+    streamed answer with the event sequence the API sends). Anything else: ``None``."""
+
+    SPEECH = bytes(range(256)) * 64
+    """The audio every speech request gets: 16 KiB of every byte value."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, received: Received) -> Reply | None:
+        path = received.path.partition("?")[0]
+        method = received.method
+        if path == "/v1/embeddings":
+            return JSONReply(self._embeddings(received.json()))
+        if path == "/v1/files" and method == "POST":
+            return JSONReply(self._upload(received))
+        if path.startswith("/v1/files/") and path.endswith("/content"):
+            content = self.files.get(path.split("/")[3])
+            if content is None:
+                return JSONReply({"error": {"message": "No such file"}}, status=404)
+            return JSONReply(content, headers={"content-type": "application/octet-stream"})
+        if path == "/v1/audio/speech":
+            return JSONReply(self.SPEECH, headers={"content-type": "audio/mpeg"})
+        if path == "/v1/responses" and method == "POST":
+            return SSEReply(responses_stream(received.json().get("model", "gpt-4o")))
+        if path.startswith("/v1/models/"):
+            model = path.removeprefix("/v1/models/")
+            if method == "DELETE":
+                return JSONReply({"id": model, "object": "model", "deleted": True})
+            return JSONReply({"id": model, "object": "model", "created": 1, "owned_by": "org"})
+        if path.startswith("/v1/chat/completions") and (method != "POST" or path.count("/") > 3):
+            return JSONReply(self._stored(method, path, received))
+        return None
+
+    @staticmethod
+    def _embeddings(body: dict[str, Any]) -> dict[str, Any]:
+        vector = [0.25, -0.5, 0.125]
+        embedding: Any = vector
+        if body.get("encoding_format") == "base64":
+            embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": embedding}],
+            "model": body["model"],
+            "usage": {"prompt_tokens": 2, "total_tokens": 2},
+        }
+
+    def _upload(self, received: Received) -> dict[str, Any]:
+        boundary = received.headers["content-type"].split("boundary=")[1].strip('"')
+        content, filename = b"", "file"
+        for part in received.body.split(b"--" + boundary.encode()):
+            head, _, data = part.partition(b"\r\n\r\n")
+            if b'name="file"' in head:
+                content = data.removesuffix(b"\r\n")
+                filename = head.split(b'filename="')[1].split(b'"')[0].decode()
+        with self._lock:
+            file_id = f"file-mock{len(self.files)}"
+            self.files[file_id] = content
+        return {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(content),
+            "created_at": 1,
+            "filename": filename,
+            "purpose": "batch",
+            "status": "processed",
+        }
+
+    @staticmethod
+    def _stored(method: str, path: str, received: Received) -> dict[str, Any]:
+        parts = path.split("/")  # "", "v1", "chat", "completions", id, "messages"
+        if len(parts) == 4:
+            return {
+                "object": "list",
+                "data": [chat_completion()],
+                "first_id": "chatcmpl-mock123",
+                "last_id": "chatcmpl-mock123",
+                "has_more": False,
+            }
+        completion_id = parts[4]
+        if len(parts) == 6:
+            message = {"id": f"{completion_id}-0", "role": "user", "content": "Say hello."}
+            return {"object": "list", "data": [message], "has_more": False}
+        if method == "DELETE":
+            return {"object": "chat.completion.deleted", "id": completion_id, "deleted": True}
+        completion = chat_completion() | {"id": completion_id}
+        if method == "POST":
+            completion["metadata"] = received.json().get("metadata")
+        return completion
+
+
+def responses_stream(
+    model: str, text: tuple[str, ...] = ("Hello", " from", " the mock.")
+) -> list[bytes]:
+    """A streamed Responses-API answer, event by event, as the API sends it."""
+    message: dict[str, Any] = {
+        "id": "msg_mock",
+        "type": "message",
+        "status": "in_progress",
+        "role": "assistant",
+        "content": [],
+    }
+    response: dict[str, Any] = {
+        "id": "resp_mock",
+        "object": "response",
+        "created_at": 1741290958,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": True,
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "text": {"format": {"type": "text"}},
+        "usage": None,
+        "metadata": {},
+    }
+    whole = "".join(text)
+    part = {"type": "output_text", "text": whole, "annotations": []}
+    done = message | {"status": "completed", "content": [part]}
+    usage = {
+        "input_tokens": 12,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": len(text),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 12 + len(text),
+    }
+    at = {"item_id": "msg_mock", "output_index": 0, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response},
+        {"type": "response.in_progress", "response": response},
+        {"type": "response.output_item.added", "output_index": 0, "item": message},
+        {"type": "response.content_part.added", **at, "part": part | {"text": ""}},
+        *(
+            {"type": "response.output_text.delta", **at, "delta": delta, "logprobs": []}
+            for delta in text
+        ),
+        {"type": "response.output_text.done", **at, "text": whole, "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        {
+            "type": "response.completed",
+            "response": response | {"status": "completed", "output": [done], "usage": usage},
+        },
+    ]
+    return [
+        f"event: {event['type']}\n".encode()
+        + b"data: "
+        + orjson.dumps(event | {"sequence_number": number})
+        + b"\n\n"
+        for number, event in enumerate(events)
+    ]
 
 
 def events_of(chunks: Iterable[dict[str, Any]], done: bool = True) -> list[bytes]:

@@ -86,3 +86,11 @@ def test_headers_and_envelopes() -> None:
     error = messages["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
     assert error.endswith("/AnthropicError")
     assert document["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_the_relay_is_described_not_listed() -> None:
+    """The document says that other `/v1/` routes are relayed, and lists none of them
+    (they are the upstream's API)."""
+    document = _served()
+    assert "relayed to the upstream" in document["info"]["description"]
+    assert not [path for path in document["paths"] if "{path" in path]

@@ -21,7 +21,14 @@ from opentelemetry import trace
 
 from pipelines.stages import DEFAULT_STAGES
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
+from tests.mock_upstream import (
+    JSONReply,
+    MockUpstream,
+    SSEReply,
+    chat_completion,
+    events_of,
+    responses_stream,
+)
 from tests.otlp_receiver import OTLPReceiver, ReceivedSpan
 
 KEY = "sk-canary-7f3b9d2e41c8a6"
@@ -245,6 +252,30 @@ def test_a_streamed_answer_is_traced_to_its_end(
     assert call.attributes["gen_ai.response.finish_reasons"] == ["stop"]
     assert call.end - call.start >= 400_000_000
     assert server.start <= call.start
+    assert call.end <= server.end
+
+
+def test_a_relayed_responses_stream_is_traced_to_its_end(
+    client: openai.OpenAI, upstream: MockUpstream, receiver: OTLPReceiver
+) -> None:
+    """A relayed route has a server span named by its route label and an upstream span
+    (GenAI ``chat`` for the Responses API) over the HTTP call, ending with the stream."""
+    upstream.push(SSEReply(responses_stream("gpt-4o"), interval=0.05))
+    with client.responses.with_streaming_response.create(
+        model="gpt-4o", input="Hello", stream=True
+    ) as raw:
+        request_id = raw.headers["x-contextgate-request-id"]
+        assert [e.type for e in raw.parse()][-1] == "response.completed"
+    spans = request_spans(receiver, request_id)
+    server, call = one(spans, "POST /v1/responses"), one(spans, "chat gpt-4o")
+    assert server.attributes["http.route"] == "/v1/responses"
+    assert call.kind == "CLIENT"
+    assert call.parent_id == server.span_id
+    assert call.attributes["gen_ai.operation.name"] == "chat"
+    assert call.attributes["gen_ai.request.model"] == "gpt-4o"
+    assert call.attributes["http.response.status_code"] == 200
+    assert one(spans, "POST").parent_id == call.span_id
+    assert call.end - call.start >= 500_000_000
     assert call.end <= server.end
 
 
