@@ -1,0 +1,187 @@
+"""The peer comparison's results block in docs/BENCHMARKS.md: who was measured and how they
+were configured, the latency and throughput table, memory, and what each peer could not
+do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.peers_targets import Proxy
+from bench.report import publish
+
+START, END = "<!-- peers:start -->", "<!-- peers:end -->"
+HEADING = "## Peers: LiteLLM and Headroom in front of the same mock (`make bench-peers`)"
+
+OFFLINE_NOTES = [
+    "This machine reaches no network but the package registries. tiktoken's o200k and"
+    " cl100k rank files are supplied to the peers in a private tiktoken cache (what tiktoken"
+    " keeps after its first download); LiteLLM uses its bundled model price map;"
+    " Hugging Face downloads are off, so **Headroom's Kompress model (ML compression) could"
+    " not be loaded** and Headroom ran with Kompress unavailable (its /health says"
+    " `degraded`, optional): its figures leave out whatever Kompress would cost.",
+]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One kind of request as the report describes it."""
+
+    name: str
+    size: int
+    """Bytes of the body."""
+    per_round: int
+    stream: bool
+
+
+@dataclass
+class Figures:
+    """Everything one run measured."""
+
+    rounds: int
+    connections: int
+    seconds: float
+    load_rounds: int
+    sent: list[Sent]
+    proxies: list[Proxy] = field(default_factory=list)
+    forwarded: dict[tuple[str, str], str] = field(default_factory=dict)
+    latency: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """Payload -> target -> p50, p99, added_p50, added_p99, count."""
+    rps: dict[str, dict[str, float]] = field(default_factory=dict)
+    rest: dict[str, float] = field(default_factory=dict)
+    peak: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+    load: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+    minutes: float = 0.0
+
+
+def cell(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def row_cells(row: dict[str, float] | None, *, over: bool) -> str:
+    """p50, p99, added p50 (bold) and added p99 of one target, as table cells."""
+    if row is None:
+        return "— | — | " + ("— | —" if over else " | ")
+    head = f"{cell(row['p50'])} | {cell(row['p99'])}"
+    if not over:
+        return head + " |  | "
+    return head + f" | **{cell(row['added_p50'])}** | {cell(row['added_p99'])}"
+
+
+def latency_table(figures: Figures) -> list[str]:
+    lines = [
+        "| request | target | p50 ms | p99 ms | added p50 | added p99 | req/s |"
+        " what the mock received |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    names = ["direct", *(p.name for p in figures.proxies)]
+    for sent in figures.sent:
+        title = f"{sent.name} ({sent.size / 1024:,.0f} KB)" if sent.size > 4096 else sent.name
+        for name in names:
+            row = figures.latency.get(sent.name, {}).get(name)
+            rps = figures.rps.get(sent.name, {}).get(name)
+            lines.append(
+                f"| {title} | {name} | {row_cells(row, over=name != 'direct')} |"
+                f" {cell(rps, 0) if not sent.stream else ''} |"
+                f" {figures.forwarded.get((name, sent.name), '') if name != 'direct' else ''} |"
+            )
+    return lines
+
+
+def ratios(figures: Figures) -> list[str]:
+    """contextgate's added p50 as a share of each peer's, per request kind."""
+    lines = []
+    for sent in figures.sent:
+        rows = figures.latency.get(sent.name, {})
+        ours = rows.get("contextgate")
+        parts = []
+        for peer, target in (("LiteLLM", 1 / 5), ("Headroom", 1 / 10)):
+            theirs = rows.get(peer)
+            if ours is None or theirs is None or theirs["added_p50"] <= 0:
+                parts.append(f"{peer}: —")
+                continue
+            share = ours["added_p50"] / theirs["added_p50"]
+            verdict = "met" if share <= target else "not met"
+            parts.append(f"{share:.2f} of {peer}'s (target {target:.1f}: {verdict})")
+        lines.append(f"- {sent.name}: " + "; ".join(parts))
+    return lines
+
+
+def memory_table(figures: Figures) -> list[str]:
+    lines = [
+        "| proxy | processes | RSS at rest | peak RSS during the run | RSS after the load |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for proxy in figures.proxies:
+        name = proxy.name
+        lines.append(
+            f"| {name} | {figures.processes.get(name, 0)} | {cell(figures.rest.get(name), 0)} |"
+            f" {cell(figures.peak.get(name), 0)} | {cell(figures.after.get(name), 0)} |"
+        )
+    return lines
+
+
+def could_not(figures: Figures) -> list[str]:
+    """One line per target that failed anything, with the first error of each kind."""
+    lines = []
+    for name, failures in figures.failures.items():
+        for payload, errors in failures.items():
+            lines.append(f"- {name}, {payload}: {len(errors)} failed; first: `{errors[0][:240]}`")
+    for name, log in figures.logs.items():
+        text = log.read_text(errors="replace") if log.exists() else ""
+        count = sum(1 for line in text.splitlines() if " ERROR " in line or "Traceback" in line)
+        if count:
+            lines.append(
+                f"- {name}'s log (`{log.relative_to(log.parents[2])}`): {count} lines"
+                " with ERROR or a traceback."
+            )
+    return lines or ["- Every target answered every request."]
+
+
+def write(figures: Figures, output: Path | None) -> None:
+    """Print the results block, and write it into ``output`` unless that is ``None``."""
+    before, after = figures.load
+    how = (
+        f"`make bench-peers` (`python -m bench.peers --rounds {figures.rounds}`), about"
+        f" {figures.minutes:.0f} minutes with start-ups. Load average (1, 5, 15 min) before the"
+        f" run {', '.join(f'{x:.2f}' for x in before)}, after it"
+        f" {', '.join(f'{x:.2f}' for x in after)}. Latency: sequential, keep-alive,"
+        f" {figures.rounds} rounds of "
+        + ", ".join(f"{s.per_round}" for s in figures.sent)
+        + " requests per target (in the order of the table's request kinds); added p50: median"
+        " over rounds of the round's difference of medians against direct; added p99: p99"
+        " over all rounds minus direct's; milliseconds. req/s: closed loop"
+        f" (`bench/load.py`), {figures.connections} connections, {figures.seconds:g} s,"
+        f" median of {figures.load_rounds} rounds."
+    )
+    lines = [
+        "| proxy | version | configuration |",
+        "|---|---|---|",
+        *(f"| {p.name} | {p.version} | {p.config} |" for p in figures.proxies),
+        "",
+        *latency_table(figures),
+        "",
+        "contextgate's added p50 as a share of each peer's (targets: a fifth of LiteLLM's, a"
+        " tenth of Headroom's):",
+        "",
+        *ratios(figures),
+        "",
+        "Memory (MiB, the proxy's whole process group, from /proc):",
+        "",
+        *memory_table(figures),
+        "",
+        "What failed:",
+        "",
+        *could_not(figures),
+        "",
+        *OFFLINE_NOTES,
+    ]
+    if output is None:
+        print("\n".join(lines))
+        print(how)
+        return
+    publish(output, (START, END), HEADING, how, lines)
