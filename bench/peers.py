@@ -15,7 +15,8 @@ its latency minus the mock's, both taken in the same round.
    Every round sends each request to every target in turn, the order rotating from request
    to request; the added p50 is the median over rounds of each round's difference of
    medians, the added p99 the difference of the p99s over all rounds.
-3. Throughput: closed loops at a fixed number of connections (``bench/load.py``), each
+3. Throughput: closed loops at a fixed number of connections (as ``bench/load.py``'s,
+   counting the answers that are not 200 by status), each
    request size and target in turn, rotating from round to round; medians over rounds.
 4. Memory: the resident memory of each proxy's whole process group (workers included) at
    rest after start-up, at its peak during the run (sampled every 0.2 s), and at rest after
@@ -34,6 +35,7 @@ import os
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.load import closed_loop
+from bench.load import read_answer, request_bytes
 from bench.overhead import ROOT, free_port, history
 from bench.peers_report import Figures, Sent, write
 from bench.peers_targets import (
@@ -199,16 +201,23 @@ def forwarded(
 
 def compare(sent: dict[str, Any], got: dict[str, Any], counter: TokenCounter) -> str:
     """A short account of how the body the mock received differs from the one sent."""
+    keys = sorted(set(got) - set(sent))
+    fields = f"; added {', '.join(keys)}" if keys else ""
     messages = got.get("messages", [])
     if messages == sent["messages"]:
-        extra = sorted(set(got) - set(sent))
-        return "messages unchanged" + (f"; added {', '.join(extra)}" if extra else "")
+        return "messages unchanged" + fields
+    if [without_nulls(m) for m in messages] == [without_nulls(m) for m in sent["messages"]]:
+        return "messages unchanged but for `null` fields dropped" + fields
     before, after = counter.count_messages(sent["messages"]), counter.count_messages(messages)
     changed = sum(1 for a, b in zip(sent["messages"], messages, strict=False) if a != b)
     return (
         f"messages changed: {len(sent['messages'])} -> {len(messages)} messages,"
-        f" {changed} rewritten, {before:,} -> {after:,} tokens"
+        f" {changed} rewritten, {before:,} -> {after:,} tokens{fields}"
     )
+
+
+def without_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if v is not None}
 
 
 # -- 2. latency ------------------------------------------------------------------------------
@@ -266,22 +275,45 @@ def throughput(plan: Plan, targets: list[Target], payload: Payload) -> dict[str,
             if not usable(target, payload):
                 continue
             try:
-                rps, failed = asyncio.run(
-                    closed_loop(
-                        target.port,
-                        PATH,
-                        payload.body,
-                        concurrency=plan.connections,
-                        seconds=plan.seconds,
-                    )
+                rps, others = asyncio.run(
+                    closed(target.port, payload.body, plan.connections, plan.seconds)
                 )
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 target.failed(f"{payload.name} under load", f"{type(exc).__name__}: {exc}")
                 continue
-            if failed:
-                target.failed(f"{payload.name} under load", f"{failed} answers not 200")
+            if others:
+                answers = ", ".join(f"{n} x {status}" for status, n in sorted(others.items()))
+                target.failed(f"{payload.name} under load", f"answers not 200: {answers}")
             runs[target.name].append(rps)
     return {name: statistics.median(r) for name, r in runs.items() if r}
+
+
+async def closed(
+    port: int, body: bytes, connections: int, seconds: float
+) -> tuple[float, Counter[int]]:
+    """A closed loop as ``bench.load.closed_loop`` runs it: requests per second answered
+    200, and how many other answers came, by status."""
+    request = request_bytes(PATH, body)
+    ok, others = 0, Counter[int]()
+    deadline = time.perf_counter() + seconds
+
+    async def connection() -> None:
+        nonlocal ok
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < deadline:
+                writer.write(request)
+                status, _ = await read_answer(reader)
+                if status == 200:
+                    ok += 1
+                else:
+                    others[status] += 1
+        finally:
+            writer.close()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(connection() for _ in range(connections)))
+    return ok / (time.perf_counter() - began), others
 
 
 # -- 4. memory -------------------------------------------------------------------------------

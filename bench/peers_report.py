@@ -13,7 +13,11 @@ from bench.report import publish
 START, END = "<!-- peers:start -->", "<!-- peers:end -->"
 HEADING = "## Peers: LiteLLM and Headroom in front of the same mock (`make bench-peers`)"
 
-OFFLINE_NOTES = [
+NOTES = [
+    "Headroom's own rate limiter (on by default: 60 requests a minute) answers 429 to a"
+    " benchmark within seconds; it is turned off (`--no-rate-limit`) so that the proxying"
+    " itself is measured. contextgate's admission and overload shedding stay as shipped:"
+    ' a 503 with `Retry-After` under load is counted under "What failed".',
     "This machine reaches no network but the package registries. tiktoken's o200k and"
     " cl100k rank files are supplied to the peers in a private tiktoken cache (what tiktoken"
     " keeps after its first download); LiteLLM uses its bundled model price map;"
@@ -178,7 +182,7 @@ def write(figures: Figures, output: Path | None) -> None:
         "",
         *could_not(figures),
         "",
-        *OFFLINE_NOTES,
+        *(f"- {note}" for note in NOTES),
     ]
     if output is None:
         print("\n".join(lines))

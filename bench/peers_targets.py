@@ -159,12 +159,12 @@ def headroom(port: int, upstream: str) -> Proxy:
     args = [str(bin_dir / "headroom"), "proxy", "--host", "127.0.0.1", "--port", str(port)]
     return Proxy(
         "Headroom",
-        [*args, "--openai-api-url", upstream, "--no-telemetry"],
+        [*args, "--openai-api-url", upstream, "--no-telemetry", "--no-rate-limit"],
         offline_env(home, LITELLM_LOCAL_MODEL_COST_MAP="True"),
         "/livez",
         version_of("headroom", "headroom-ai"),
-        "`headroom proxy --openai-api-url <mock>/v1 --no-telemetry`: default mode (`cache`),"
-        " optimisation, compression cache and rate limiter on as shipped, one worker; its"
+        "`headroom proxy --openai-api-url <mock>/v1 --no-telemetry --no-rate-limit`: default"
+        " mode (`cache`), optimisation and compression cache on as shipped, one worker; its"
         " INFO request log cannot be turned off (`HEADROOM_LOG_LEVEL` only raises it).",
     )
 
