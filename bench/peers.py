@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import itertools
 import os
 import statistics
 import threading
@@ -68,12 +70,33 @@ DIRECT = "direct"
 
 @dataclass(frozen=True)
 class Payload:
-    """One kind of request, and how many of it a round sends to each target."""
+    """One kind of request, and how many of it a round sends to each target. Every request
+    ends with a new user message (numbered), as an agent's next turn does, so no two
+    requests are the same and no proxy can answer one from a response cache."""
 
     name: str
-    body: bytes
+    history: tuple[dict[str, Any], ...]
     per_round: int
     stream: bool = False
+
+    def messages(self, turn: int) -> list[dict[str, Any]]:
+        return [*self.history, self.turn(turn)]
+
+    def turn(self, turn: int) -> dict[str, Any]:
+        return {"role": "user", "content": f"And what about request {turn}?"}
+
+    def body(self, turn: int) -> bytes:
+        return self.head + orjson.dumps(self.turn(turn)) + b"]}"
+
+    @functools.cached_property
+    def head(self) -> bytes:
+        """The body up to the new message (serialised once: the histories are large)."""
+        whole = orjson.dumps({"model": MODEL, "stream": self.stream, "messages": self.history})
+        return whole[:-2] + (b"," if self.history else b"")
+
+
+TURNS = itertools.count()
+"""Numbers the new user message of every request the benchmark sends."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +114,6 @@ QUICK = Plan(rounds=2, scale=0.2, seconds=1.0, load_rounds=1)
 
 
 def payloads(counter: TokenCounter, scale: float) -> list[Payload]:
-    def body(messages: list[dict[str, Any]], stream: bool = False) -> bytes:
-        return orjson.dumps({"model": MODEL, "messages": messages, "stream": stream})
-
-    small = [{"role": "user", "content": "Say hello."}]
     mid, big = history(20_000, counter), history(100_000, counter)
 
     def count(n: int) -> int:
@@ -104,10 +123,10 @@ def payloads(counter: TokenCounter, scale: float) -> list[Payload]:
         return f"{round(counter.count_messages(messages), -3) // 1000:.0f}K-token history"
 
     return [
-        Payload("1 message", body(small), count(60)),
-        Payload("1 message, streamed (time to first byte)", body(small, True), count(60), True),
-        Payload(label(mid), body(mid), count(24)),
-        Payload(label(big), body(big), count(12)),
+        Payload("1 message", (), count(60)),
+        Payload("1 message, streamed (time to first byte)", (), count(60), True),
+        Payload(label(mid), tuple(mid), count(24)),
+        Payload(label(big), tuple(big), count(12)),
     ]
 
 
@@ -138,21 +157,21 @@ class RequestFailed(Exception):
     """A proxy answered with an error, or not at all."""
 
 
-def send(target: Target, payload: Payload) -> tuple[float, bytes]:
-    """Milliseconds to the whole answer (streamed: to its first body byte), and the answer."""
+def send(target: Target, payload: Payload) -> tuple[float, bytes, bytes]:
+    """Milliseconds to the whole answer (streamed: to its first body byte), the body sent,
+    and the answer."""
     headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    body = payload.body(next(TURNS))
     began = time.perf_counter()
     try:
         if payload.stream:
-            with target.client.stream(
-                "POST", target.url, content=payload.body, headers=headers
-            ) as r:
+            with target.client.stream("POST", target.url, content=body, headers=headers) as r:
                 chunks = r.iter_raw()
                 first = next(chunks, b"")
                 elapsed = time.perf_counter() - began
                 answer = first + b"".join(chunks)
         else:
-            r = target.client.post(target.url, content=payload.body, headers=headers)
+            r = target.client.post(target.url, content=body, headers=headers)
             elapsed = time.perf_counter() - began
             answer = r.content
     except httpx.HTTPError as exc:
@@ -161,7 +180,7 @@ def send(target: Target, payload: Payload) -> tuple[float, bytes]:
         raise RequestFailed(f"HTTP {r.status_code}: {answer[:200]!r}")
     if (b'"choices"' not in answer) or (payload.stream and b"data:" not in answer):
         raise RequestFailed(f"not a chat completion: {answer[:200]!r}")
-    return elapsed * 1000, answer
+    return elapsed * 1000, body, answer
 
 
 def attempt(target: Target, payload: Payload) -> float | None:
@@ -189,13 +208,15 @@ def forwarded(
     for payload in items:
         if payload.stream:
             continue
-        sent = orjson.loads(payload.body)
         for target in targets:
-            if attempt(target, payload) is None:
+            try:
+                _, body, _ = send(target, payload)
+            except RequestFailed as exc:
+                target.failed(payload.name, str(exc))
                 out[(target.name, payload.name)] = "failed"
                 continue
             got = orjson.loads(httpx.get(f"http://127.0.0.1:{mock_port}/last").content)
-            out[(target.name, payload.name)] = compare(sent, got, counter)
+            out[(target.name, payload.name)] = compare(orjson.loads(body), got, counter)
     return out
 
 
@@ -276,7 +297,7 @@ def throughput(plan: Plan, targets: list[Target], payload: Payload) -> dict[str,
                 continue
             try:
                 rps, others = asyncio.run(
-                    closed(target.port, payload.body, plan.connections, plan.seconds)
+                    closed(target.port, payload, plan.connections, plan.seconds)
                 )
             except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                 target.failed(f"{payload.name} under load", f"{type(exc).__name__}: {exc}")
@@ -289,11 +310,10 @@ def throughput(plan: Plan, targets: list[Target], payload: Payload) -> dict[str,
 
 
 async def closed(
-    port: int, body: bytes, connections: int, seconds: float
+    port: int, payload: Payload, connections: int, seconds: float
 ) -> tuple[float, Counter[int]]:
     """A closed loop as ``bench.load.closed_loop`` runs it: requests per second answered
     200, and how many other answers came, by status."""
-    request = request_bytes(PATH, body)
     ok, others = 0, Counter[int]()
     deadline = time.perf_counter() + seconds
 
@@ -302,7 +322,7 @@ async def closed(
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             while time.perf_counter() < deadline:
-                writer.write(request)
+                writer.write(request_bytes(PATH, payload.body(next(TURNS))))
                 status, _ = await read_answer(reader)
                 if status == 200:
                     ok += 1
@@ -365,7 +385,7 @@ def measure(plan: Plan, running: list[Running], ports: dict[str, int], mock_port
     rest = {r.proxy.name: settled(r.process.pid) for r in running}
     targets = [Target(DIRECT, mock_port, None)]
     targets += [Target(r.proxy.name, ports[r.proxy.name], r.process.pid) for r in running]
-    sent = [Sent(p.name, len(p.body), p.per_round, p.stream) for p in items]
+    sent = [Sent(p.name, len(p.body(0)), p.per_round, p.stream) for p in items]
     figures = Figures(plan.rounds, plan.connections, plan.seconds, plan.load_rounds, sent)
     figures.proxies = [r.proxy for r in running]
     figures.rest = rest
