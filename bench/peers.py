@@ -222,8 +222,10 @@ def forwarded(
 
 def compare(sent: dict[str, Any], got: dict[str, Any], counter: TokenCounter) -> str:
     """A short account of how the body the mock received differs from the one sent."""
-    keys = sorted(set(got) - set(sent))
-    fields = f"; added {', '.join(keys)}" if keys else ""
+    added, removed = sorted(set(got) - set(sent)), sorted(set(sent) - set(got))
+    fields = (f"; added {', '.join(added)}" if added else "") + (
+        f"; removed {', '.join(removed)}" if removed else ""
+    )
     messages = got.get("messages", [])
     if messages == sent["messages"]:
         return "messages unchanged" + fields

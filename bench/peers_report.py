@@ -18,6 +18,9 @@ NOTES = [
     " benchmark within seconds; it is turned off (`--no-rate-limit`) so that the proxying"
     " itself is measured. contextgate's admission and overload shedding stay as shipped:"
     ' a 503 with `Retry-After` under load is counted under "What failed".',
+    "Headroom also keeps a response cache (on by default): a request identical to an earlier"
+    " one is answered from it without reaching the upstream. Every request here ends with a"
+    " new user turn, as an agent's next request does, so none is answered from it.",
     "This machine reaches no network but the package registries. tiktoken's o200k and"
     " cl100k rank files are supplied to the peers in a private tiktoken cache (what tiktoken"
     " keeps after its first download); LiteLLM uses its bundled model price map;"
