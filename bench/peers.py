@@ -56,6 +56,7 @@ from bench.peers_targets import (
     Running,
     base_env,
     contextgate,
+    group_members,
     group_rss,
     headroom,
     litellm,
@@ -352,9 +353,14 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
+        members: dict[str, list[int]] = {}
+        for sample in itertools.count():
+            if self._stop.wait(0.2):
+                return
+            if sample % 25 == 0:  # a scan of /proc costs more than the samples in between
+                members = {name: group_members(pgid) for name, pgid in self.groups.items()}
             for name, pgid in self.groups.items():
-                rss, count = group_rss(pgid)
+                rss, count = group_rss(pgid, members[name])
                 self.peak[name] = max(self.peak[name], rss)
                 self.processes[name] = max(self.processes[name], count)
 

@@ -21,6 +21,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,7 +85,6 @@ def tiktoken_cache() -> Path:
 
 def offline_env(home: Path, **extra: str) -> dict[str, str]:
     """A peer's environment: a private home, tiktoken's files supplied, no downloads."""
-    home.mkdir(parents=True, exist_ok=True)
     return base_env(
         HOME=str(home),
         TIKTOKEN_CACHE_DIR=str(tiktoken_cache()),
@@ -191,7 +191,8 @@ def started(proxy: Proxy, port: int, within: float = 120) -> Iterator[Running]:
     """Start ``proxy`` in a process group of its own, wait until it answers, and stop the
     whole group on the way out (SIGTERM, then SIGKILL after 15 s)."""
     home = WORK / proxy.name.lower()
-    home.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(home, ignore_errors=True)  # no cache or state left from an earlier run
+    home.mkdir(parents=True)
     for name, text in proxy.files.items():
         (home / name).write_text(text)
     log = WORK / f"{proxy.name.lower()}.log"
@@ -250,11 +251,11 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def group_rss(pgid: int) -> tuple[float, int]:
+def group_rss(pgid: int, members: list[int] | None = None) -> tuple[float, int]:
     """MiB resident in all the processes of group ``pgid`` (workers included), and how
-    many processes that is."""
+    many processes that is; ``members``, if given, spares a scan of /proc."""
     total = 0
-    members = group_members(pgid)
+    members = group_members(pgid) if members is None else members
     for pid in members:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
