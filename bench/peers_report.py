@@ -153,8 +153,8 @@ def write(figures: Figures, output: Path | None) -> None:
     """Print the results block, and write it into ``output`` unless that is ``None``."""
     before, after = figures.load
     how = (
-        f"`make bench-peers` (`python -m bench.peers --rounds {figures.rounds}`), about"
-        f" {figures.minutes:.0f} minutes with start-ups. Load average (1, 5, 15 min) before the"
+        f"`make bench-peers` (`python -m bench.peers --rounds {figures.rounds}`),"
+        f" {figures.minutes:.1f} minutes with start-ups. Load average (1, 5, 15 min) before the"
         f" run {', '.join(f'{x:.2f}' for x in before)}, after it"
         f" {', '.join(f'{x:.2f}' for x in after)}. Latency: sequential, keep-alive,"
         f" {figures.rounds} rounds of "
@@ -163,7 +163,7 @@ def write(figures: Figures, output: Path | None) -> None:
         " over rounds of the round's difference of medians against direct; added p99: p99"
         " over all rounds minus direct's; milliseconds. req/s: closed loop"
         f" (`bench/load.py`), {figures.connections} connections, {figures.seconds:g} s,"
-        f" median of {figures.load_rounds} rounds."
+        f" median of {figures.load_rounds} round{'s' if figures.load_rounds > 1 else ''}."
     )
     lines = [
         "| proxy | version | configuration |",
