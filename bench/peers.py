@@ -34,7 +34,9 @@ import contextlib
 import functools
 import itertools
 import os
+import signal
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -423,6 +425,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     args = parser.parse_args()
     plan = QUICK if args.quick else Plan(rounds=args.rounds)
+    # SIGTERM unwinds like Ctrl-C, so that every proxy's process group is still stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_before = os.getloadavg()
     mock_port = free_port()
     upstream = f"http://127.0.0.1:{mock_port}/v1"
