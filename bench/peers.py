@@ -395,7 +395,7 @@ def measure(plan: Plan, running: list[Running], ports: dict[str, int], mock_port
     rest = {r.proxy.name: settled(r.process.pid) for r in running}
     targets = [Target(DIRECT, mock_port, None)]
     targets += [Target(r.proxy.name, ports[r.proxy.name], r.process.pid) for r in running]
-    sent = [Sent(p.name, len(p.body(0)), p.per_round, p.stream) for p in items]
+    sent = [Sent(p.name, len(p.body(0)), p.per_round, p.stream, len(p.messages(0))) for p in items]
     figures = Figures(plan.rounds, plan.connections, plan.seconds, plan.load_rounds, sent)
     figures.proxies = [r.proxy for r in running]
     figures.rest = rest

@@ -4,6 +4,7 @@ do."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class Sent:
     """Bytes of the body."""
     per_round: int
     stream: bool
+    messages: int
 
 
 @dataclass
@@ -149,6 +151,36 @@ def could_not(figures: Figures) -> list[str]:
     return lines or ["- Every target answered every request."]
 
 
+def headroom_own(figures: Figures) -> list[str]:
+    """What Headroom's own per-request log line (``PERF``) says it did with each request
+    kind: its optimisation time and total time (medians), tokens before and after, and the
+    transforms it applied."""
+    log = figures.logs.get("Headroom")
+    if log is None or not log.exists():
+        return []
+    seen: dict[int, list[dict[str, str]]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if " PERF " in line:
+            fields = dict(f.split("=", 1) for f in line.split(" PERF ", 1)[1].split() if "=" in f)
+            seen.setdefault(int(fields.get("msgs", "0")), []).append(fields)
+    lines = []
+    for sent in figures.sent:
+        rows = seen.get(sent.messages, [])
+        if not rows or sent.stream:
+            continue
+
+        def median(key: str, rows: list[dict[str, str]] = rows) -> float:
+            return statistics.median(float(r.get(key, "nan")) for r in rows)
+
+        transforms = sorted({r.get("transforms", "?") for r in rows})
+        lines.append(
+            f"- {sent.name}: optimisation {median('opt_ms'):.0f} ms of {median('total_ms'):.0f} ms"
+            f" in the proxy; tokens {median('tok_before'):,.0f} -> {median('tok_after'):,.0f};"
+            f" transforms: {', '.join(transforms)} (medians of {len(rows)} requests)"
+        )
+    return lines
+
+
 def write(figures: Figures, output: Path | None) -> None:
     """Print the results block, and write it into ``output`` unless that is ``None``."""
     before, after = figures.load
@@ -184,6 +216,12 @@ def write(figures: Figures, output: Path | None) -> None:
         "What failed:",
         "",
         *could_not(figures),
+        "",
+        "Headroom's own account of its work, from its per-request log line (`PERF`;"
+        " medians over every request of the kind, under load included; the one-message"
+        " line includes the streamed ones):",
+        "",
+        *headroom_own(figures),
         "",
         *(f"- {note}" for note in NOTES),
     ]
