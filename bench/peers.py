@@ -16,8 +16,8 @@ its latency minus the mock's, both taken in the same round.
    to request; the added p50 is the median over rounds of each round's difference of
    medians, the added p99 the difference of the p99s over all rounds.
 3. Throughput: closed loops at a fixed number of connections (as ``bench/load.py``'s,
-   counting the answers that are not 200 by status), each
-   request size and target in turn, rotating from round to round; medians over rounds.
+   counting the answers that are not 200 by status), each request size and target in
+   turn, rotating from round to round; medians over rounds.
 4. Memory: the resident memory of each proxy's whole process group (workers included) at
    rest after start-up, at its peak during the run (sampled every 0.2 s), and at rest after
    the load.
@@ -37,10 +37,8 @@ import os
 import signal
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,18 +48,18 @@ import orjson
 
 from bench.load import read_answer, request_bytes
 from bench.overhead import ROOT, free_port, history
-from bench.peers_report import Figures, Sent, write
+from bench.peers_report import Figures, Sent, compare, write
 from bench.peers_targets import (
     KEY,
     MODEL,
+    PeakMemory,
     Proxy,
     Running,
     base_env,
     contextgate,
-    group_members,
-    group_rss,
     headroom,
     litellm,
+    settled,
     started,
 )
 from bench.report import quantile
@@ -223,29 +221,6 @@ def forwarded(
     return out
 
 
-def compare(sent: dict[str, Any], got: dict[str, Any], counter: TokenCounter) -> str:
-    """A short account of how the body the mock received differs from the one sent."""
-    added, removed = sorted(set(got) - set(sent)), sorted(set(sent) - set(got))
-    fields = (f"; added {', '.join(added)}" if added else "") + (
-        f"; removed {', '.join(removed)}" if removed else ""
-    )
-    messages = got.get("messages", [])
-    if messages == sent["messages"]:
-        return "messages unchanged" + fields
-    if [without_nulls(m) for m in messages] == [without_nulls(m) for m in sent["messages"]]:
-        return "messages unchanged but for `null` fields dropped" + fields
-    before, after = counter.count_messages(sent["messages"]), counter.count_messages(messages)
-    changed = sum(1 for a, b in zip(sent["messages"], messages, strict=False) if a != b)
-    return (
-        f"messages changed: {len(sent['messages'])} -> {len(messages)} messages,"
-        f" {changed} rewritten, {before:,} -> {after:,} tokens{fields}"
-    )
-
-
-def without_nulls(message: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in message.items() if v is not None}
-
-
 # -- 2. latency ------------------------------------------------------------------------------
 
 
@@ -341,46 +316,6 @@ async def closed(
     return ok / (time.perf_counter() - began), others
 
 
-# -- 4. memory -------------------------------------------------------------------------------
-
-
-class PeakMemory:
-    """Samples the resident memory of every proxy's process group in the background."""
-
-    def __init__(self, groups: dict[str, int]) -> None:
-        self.groups = groups
-        self.peak: dict[str, float] = dict.fromkeys(groups, 0.0)
-        self.processes: dict[str, int] = dict.fromkeys(groups, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        members: dict[str, list[int]] = {}
-        for sample in itertools.count():
-            if self._stop.wait(0.2):
-                return
-            if sample % 25 == 0:  # a scan of /proc costs more than the samples in between
-                members = {name: group_members(pgid) for name, pgid in self.groups.items()}
-            for name, pgid in self.groups.items():
-                rss, count = group_rss(pgid, members[name])
-                self.peak[name] = max(self.peak[name], rss)
-                self.processes[name] = max(self.processes[name], count)
-
-    @contextlib.contextmanager
-    def sampling(self) -> Iterator[PeakMemory]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join()
-
-
-def settled(pgid: int) -> float:
-    time.sleep(2)
-    return group_rss(pgid)[0]
-
-
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -405,6 +340,7 @@ def measure(plan: Plan, running: list[Running], ports: dict[str, int], mock_port
         for payload in items:
             figures.latency[payload.name] = latency_figures(latency(plan, targets, payload))
             print(payload.name, figures.latency[payload.name])
+        figures.sequential = {r.proxy.name: r.log.stat().st_size for r in running}
         for payload in items:
             if not payload.stream:
                 figures.rps[payload.name] = throughput(plan, targets, payload)

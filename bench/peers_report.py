@@ -7,9 +7,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.peers_targets import Proxy
 from bench.report import publish
+from pipelines import TokenCounter
 
 START, END = "<!-- peers:start -->", "<!-- peers:end -->"
 HEADING = "## Peers: LiteLLM and Headroom in front of the same mock (`make bench-peers`)"
@@ -63,8 +65,33 @@ class Figures:
     processes: dict[str, int] = field(default_factory=dict)
     failures: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
+    sequential: dict[str, int] = field(default_factory=dict)
+    """Bytes of each proxy's log written before the load began (the sequential requests)."""
     load: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
     minutes: float = 0.0
+
+
+def compare(sent: dict[str, Any], got: dict[str, Any], counter: TokenCounter) -> str:
+    """A short account of how the body the mock received differs from the one sent."""
+    added, removed = sorted(set(got) - set(sent)), sorted(set(sent) - set(got))
+    fields = (f"; added {', '.join(added)}" if added else "") + (
+        f"; removed {', '.join(removed)}" if removed else ""
+    )
+    messages = got.get("messages", [])
+    if messages == sent["messages"]:
+        return "messages unchanged" + fields
+    if [without_nulls(m) for m in messages] == [without_nulls(m) for m in sent["messages"]]:
+        return "messages unchanged but for `null` fields dropped" + fields
+    before, after = counter.count_messages(sent["messages"]), counter.count_messages(messages)
+    changed = sum(1 for a, b in zip(sent["messages"], messages, strict=False) if a != b)
+    return (
+        f"messages changed: {len(sent['messages'])} -> {len(messages)} messages,"
+        f" {changed} rewritten, {before:,} -> {after:,} tokens{fields}"
+    )
+
+
+def without_nulls(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if v is not None}
 
 
 def cell(value: float | None, digits: int = 2) -> str:
@@ -159,7 +186,8 @@ def headroom_own(figures: Figures) -> list[str]:
     if log is None or not log.exists():
         return []
     seen: dict[int, list[dict[str, str]]] = {}
-    for line in log.read_text(errors="replace").splitlines():
+    before_load = log.read_bytes()[: figures.sequential.get("Headroom")]
+    for line in before_load.decode(errors="replace").splitlines():
         if " PERF " in line:
             fields = dict(f.split("=", 1) for f in line.split(" PERF ", 1)[1].split() if "=" in f)
             seen.setdefault(int(fields.get("msgs", "0")), []).append(fields)
@@ -218,7 +246,7 @@ def write(figures: Figures, output: Path | None) -> None:
         *could_not(figures),
         "",
         "Headroom's own account of its work, from its per-request log line (`PERF`;"
-        " medians over every request of the kind, under load included; the one-message"
+        " medians over the requests sent one at a time, before the load; the one-message"
         " line includes the streamed ones):",
         "",
         *headroom_own(figures),

@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -262,3 +264,40 @@ def group_rss(pgid: int, members: list[int] | None = None) -> tuple[float, int]:
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
     return total / 1024, len(members)
+
+
+class PeakMemory:
+    """Samples the resident memory of every proxy's process group in the background."""
+
+    def __init__(self, groups: dict[str, int]) -> None:
+        self.groups = groups
+        self.peak: dict[str, float] = dict.fromkeys(groups, 0.0)
+        self.processes: dict[str, int] = dict.fromkeys(groups, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        members: dict[str, list[int]] = {}
+        for sample in itertools.count():
+            if self._stop.wait(0.2):
+                return
+            if sample % 25 == 0:  # a scan of /proc costs more than the samples in between
+                members = {name: group_members(pgid) for name, pgid in self.groups.items()}
+            for name, pgid in self.groups.items():
+                rss, count = group_rss(pgid, members[name])
+                self.peak[name] = max(self.peak[name], rss)
+                self.processes[name] = max(self.processes[name], count)
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[PeakMemory]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+def settled(pgid: int) -> float:
+    time.sleep(2)
+    return group_rss(pgid)[0]

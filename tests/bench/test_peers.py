@@ -6,7 +6,8 @@ from typing import Any
 
 import orjson
 
-from bench.peers import Payload, compare
+from bench.peers import Payload
+from bench.peers_report import compare
 from pipelines import TokenCounter
 
 HISTORY: tuple[dict[str, Any], ...] = (
