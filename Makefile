@@ -8,7 +8,7 @@ PORT   ?= 8080
 HELM   := .tools/helm
 CHART  := helm/contextgate
 
-.PHONY: run test lint helm-lint fmt bench fuzz-deep soak install install-dev clean
+.PHONY: run test lint helm-lint fmt bench bench-peers fuzz-deep soak install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,12 @@ bench: install-dev
 	$(BIN)/python -m bench.summaries
 	$(BIN)/python -m bench.cache
 	$(BIN)/python -m bench.replicas
+
+# contextgate beside its peers (LiteLLM's proxy, Headroom), each installed at a pinned release
+# in its own virtualenv under .bench/venvs on first use, all in front of the same mock.
+bench-peers: install-dev
+	$(BIN)/python -m bench.peer_envs
+	$(BIN)/python -m bench.peers
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

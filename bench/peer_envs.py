@@ -16,10 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / ".bench" / "venvs"
 
+# 1.82.7 and 1.82.8 were the compromised releases; this pin is well past them. It is the
+# newest release whose proxy extra installs from PyPI: later ones pin companion packages
+# (`litellm-proxy`, `litellm-proxy-extras` 0.4.110.post1 and up, `litellm-enterprise`
+# 0.1.79.post2 and up) that PyPI does not have.
+LITELLM = "1.108.7"
+
 PEERS: dict[str, tuple[str, ...]] = {
-    # 1.82.7 and 1.82.8 were the compromised releases; this pin is well past them.
-    "litellm": ("litellm[proxy]==1.110.2",),
-    "headroom": ("headroom-ai[proxy]==0.42.0",),
+    "litellm": (f"litellm[proxy]=={LITELLM}",),
+    # Headroom depends on litellm (>=1.96.2); the same release keeps its install repeatable.
+    "headroom": ("headroom-ai[proxy]==0.42.0", f"litellm=={LITELLM}"),
 }
 
 
