@@ -51,9 +51,8 @@ DATA = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 START, END = "<!-- compaction:start -->", "<!-- compaction:end -->"
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 Messages = list[dict[str, Any]]
-LONG_TURNS = 100
-"""Requests in a long session (trajectories chained, as ``bench.summaries`` does)."""
-LONG_BUDGETS = (8_000, 16_000)
+LONG_RUNS = ((100, 8_000), (100, 16_000), (400, 8_000))
+"""Long sessions replayed: (requests per session, max-input)."""
 
 
 def requests_of(messages: Messages) -> list[Messages]:
@@ -205,7 +204,7 @@ def single_sessions(trajectories: list[Any]) -> list[Replayed]:
     ]
 
 
-def chained_sessions(trajectories: list[Any], turns: int = LONG_TURNS) -> list[Replayed]:
+def chained_sessions(trajectories: list[Any], turns: int) -> list[Replayed]:
     """Sessions of ``turns`` requests: trajectories one after the other under the first
     one's system prompt (one agent serving customer after customer), each trajectory's
     facts needed where it needs them."""
@@ -220,7 +219,8 @@ def chained_sessions(trajectories: list[Any], turns: int = LONG_TURNS) -> list[R
         facts += [Fact(f.value, f.needed_at + offset) for f in facts_of(traj, actions)]
         if len(requests_of(messages)) >= turns:
             session = Replayed.of(messages, facts)
-            out.append(replace(session, requests=session.requests[:turns]))
+            due = {index: due for index, due in session.due.items() if index < turns}
+            out.append(replace(session, requests=session.requests[:turns], due=due))
             messages, facts = [], []
     return out
 
@@ -250,10 +250,7 @@ async def replay(
     tallies = {name: Tally(counter, budget) for name in names}
     peer: list[list[Compressed]] = []
     if headroom:
-        jobs = [
-            (s.messages, [len(r) for r in s.requests], [paused(i) for i in range(len(s.requests))])
-            for s in sessions
-        ]
+        jobs = [(s.messages, [len(r) for r in s.requests]) for s in sessions]
         peer = compress_sessions(jobs, model="gpt-4o", budget=budget)
     store = MemoryStore()
     pipeline = Pipeline(store=store)
@@ -319,7 +316,7 @@ def table(title: str, tallies: dict[str, Tally], times: list[float]) -> list[str
             + (
                 " nothing removed |"
                 if reversible is None
-                else f" {reversible:.1%} of {quality.removed_bytes / 1e6:,.1f} MB |"
+                else f" {reversible:.1%} of {quality.removed_bytes / 1e3:,.0f} KB |"
             )
         )
     ours = tallies["contextgate"]
@@ -380,9 +377,10 @@ def headroom_line(enabled: bool) -> tuple[bool, str]:
     except (OSError, subprocess.CalledProcessError) as exc:
         return False, f"Headroom not run: its virtualenv could not be installed ({exc})."
     return True, (
-        f"Headroom {version}: `headroom.compress` per request in its own virtualenv"
-        " (`bench/headroom_compress.py`), `frozen_message_count` = the previous request's"
-        " message count, ML text compressor off (its weights cannot be fetched here)."
+        f"Headroom {version}: `headroom.compress` per request in its own virtualenv, with"
+        " its proxy's per-conversation compression cache and prefix freezing"
+        " (`bench/headroom_compress.py`); its ML text compressor off (its weights cannot"
+        " be fetched here)."
     )
 
 
@@ -416,12 +414,12 @@ def main() -> None:
         tallies,
         times,
     )
-    long = chained_sessions(trajectories)
-    for budget in LONG_BUDGETS:
+    for turns, budget in LONG_RUNS:
+        long = chained_sessions(trajectories, turns)
         tallies, times = asyncio.run(replay(long, budget, headroom=headroom))
-        title = f"long sessions ({LONG_TURNS} requests, trajectories chained), max-input"
+        title = f"long sessions ({turns} requests, trajectories chained), max-input"
         lines += table(f"{title} {budget:,} tokens", tallies, times)
-        runs[f"{LONG_TURNS}-request sessions, max-input {budget:,}"] = tallies
+        runs[f"{turns}-request sessions, max-input {budget:,}"] = tallies
     lines += [asyncio.run(warm_timing(trajectories)), ""]
     lines += plot_runs(runs, args.plots, args.output.parent)
     lines.append(END)

@@ -2,14 +2,14 @@
 (``bench.peer_envs.python_of("headroom")``) so that its dependencies never meet the
 gateway's; ``bench.compaction`` drives it.
 
-Reads one JSON object on stdin: ``{"model", "budget", "sessions": [{"messages", "ends",
-"expired"}]}``; for each session writes one JSON line: per request, the outgoing messages
+Reads one JSON object on stdin: ``{"model", "budget", "sessions": [{"messages", "ends"}]}``; for each session writes one JSON line: per request, the outgoing messages
 (an int stands for the history's message at that index, sent unchanged) and the original
 texts that Headroom's compression store returns for the hashes in them.
 
-Each request is ``headroom.compress(history, model=..., model_limit=budget,
-frozen_message_count=<previous request's message count, 0 after the cache lapsed>)``, as
-its documentation asks of callers that manage their own conversation loop. Its ML text
+Each session goes as Headroom's OpenAI proxy handles a conversation in token mode: a
+per-session ``CompressionCache``; per request ``prepare_turn`` (policy "replayable": the
+tool outputs it compressed before are swapped back in, byte for byte, and the replayable
+prefix is frozen), ``headroom.compress`` on that input, then ``update_from_result``. Its ML text
 compressor (Kompress) is disabled: its weights are fetched from a model hub at run time,
 which this benchmark cannot reach; JSON (SmartCrusher) and the other deterministic
 transforms run as released.
@@ -29,7 +29,9 @@ os.environ.setdefault("HEADROOM_TELEMETRY", "off")
 logging.disable(logging.WARNING)
 
 from headroom import compress  # noqa: E402
+from headroom.cache.compression_cache import CompressionCache  # noqa: E402
 from headroom.cache.compression_store import get_compression_store  # noqa: E402
+from headroom.proxy.session_engine import FREEZE_POLICY_REPLAYABLE, prepare_turn  # noqa: E402
 
 HASH = re.compile(r"hash=([0-9A-Za-z_-]+)|<<ccr:([^>\s]+)")
 
@@ -48,24 +50,24 @@ def restored(messages: list[dict[str, Any]]) -> list[str]:
 def session(model: str, budget: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     messages = item["messages"]
     out = []
-    frozen = 0
-    for end, expired in zip(item["ends"], item["expired"], strict=True):
+    cache = CompressionCache()
+    for end in item["ends"]:
         history = messages[:end]
-        if expired:
-            frozen = 0
+        prep = prepare_turn(cache, history, policy=FREEZE_POLICY_REPLAYABLE)
         result = compress(
-            history,
+            prep.pipeline_input,
             model=model,
             model_limit=budget,
-            frozen_message_count=frozen,
+            frozen_message_count=prep.frozen_message_count,
             kompress_model="disabled",
         )
+        if result.messages != prep.pipeline_input:
+            cache.update_from_result(history, result.messages)
         sent: list[Any] = [
             index if index < end and message == history[index] else message
             for index, message in enumerate(result.messages)
         ]
         out.append({"messages": sent, "restored": restored(result.messages)})
-        frozen = end
     return out
 
 

@@ -31,17 +31,15 @@ def headroom_version() -> str:
 
 
 def compress_sessions(
-    sessions: Sequence[tuple[Messages, list[int], list[bool]]], *, model: str, budget: int
+    sessions: Sequence[tuple[Messages, list[int]]], *, model: str, budget: int
 ) -> list[list[Compressed]]:
-    """Per session (its messages, the message count of each request, whether the cache
-    lapsed before each), Headroom's outgoing requests."""
+    """Per session (its messages, the message count of each request), Headroom's
+    outgoing requests. (Its compression does not depend on time: a lapsed provider
+    cache changes nothing in what it sends.)"""
     job = {
         "model": model,
         "budget": budget,
-        "sessions": [
-            {"messages": messages, "ends": ends, "expired": expired}
-            for messages, ends, expired in sessions
-        ],
+        "sessions": [{"messages": messages, "ends": ends} for messages, ends in sessions],
     }
     answer = subprocess.run(
         [str(python_of("headroom")), str(SCRIPT)],
@@ -54,7 +52,7 @@ def compress_sessions(
         raise RuntimeError(f"headroom answered {len(lines)} of {len(sessions)} sessions")
     return [
         [_decoded(request, messages) for request in orjson.loads(line)]
-        for line, (messages, _, _) in zip(lines, sessions, strict=True)
+        for line, (messages, _) in zip(lines, sessions, strict=True)
     ]
 
 
