@@ -2,7 +2,8 @@
 (``bench.peer_envs.python_of("headroom")``) so that its dependencies never meet the
 gateway's; ``bench.compaction`` drives it.
 
-Reads one JSON object on stdin: ``{"model", "budget", "sessions": [{"messages", "ends"}]}``; for each session writes one JSON line: per request, the outgoing messages
+Reads one JSON object on stdin, ``{"model", "budget", "sessions": [{"messages",
+"ends"}]}``; for each session writes one JSON line: per request, the outgoing messages
 (an int stands for the history's message at that index, sent unchanged) and the original
 texts that Headroom's compression store returns for the hashes in them.
 

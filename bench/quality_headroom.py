@@ -59,7 +59,8 @@ def compress_sessions(
 def _decoded(request: dict[str, object], history: Messages) -> Compressed:
     sent = request["messages"]
     restorable = request["restored"]
-    assert isinstance(sent, list) and isinstance(restorable, list)
+    assert isinstance(sent, list)
+    assert isinstance(restorable, list)
     return Compressed(
         [history[item] if isinstance(item, int) else item for item in sent],
         [str(text) for text in restorable],

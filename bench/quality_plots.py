@@ -13,7 +13,7 @@ from typing import Protocol
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 MIN_SESSIONS = 20
 """A request index is plotted while at least this many sessions reach it."""
