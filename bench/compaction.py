@@ -1,22 +1,29 @@
-"""Context quality on real agent traces: contextgate's pipeline against simple baselines.
+"""Context quality on real agent traces: contextgate's pipeline against baselines and
+Headroom.
 
     python -m bench.compaction [--trajectories 200] [--output docs/BENCHMARKS.md]
+                               [--plots docs/img] [--no-headroom]
 
 Every tau-bench airline trajectory is replayed as a client would send it (after each user
 message and each complete block of tool results), under a small ``max-input`` so that
-compaction is needed, by four methods:
+compaction is needed, each trajectory as a session and then chained into long sessions
+(one agent serving customer after customer), by five methods:
 
 - ``none``: the raw history, whatever its size;
 - ``drop-oldest``: drop the oldest non-system messages until it fits (as LiteLLM's
   ``trim_messages`` does), which can split a tool call from its result;
 - ``middle-out``: drop messages from the middle until it fits (OpenRouter's transform);
+- ``headroom``: Headroom's compression, run in its own virtualenv
+  (``bench.quality_headroom``); it enforces no budget;
 - ``contextgate``: the default pipeline with an in-memory store.
 
 Per method: tokens sent, requests over budget, requests with a broken tool-call pair, the
 share of sent tokens that repeat the previous request's prefix (what a provider's prompt
-cache could reuse), and a cost under Anthropic-style cache pricing (prefix tokens read at
-0.1x, the rest written at 1.25x; one unit per uncached input token). For contextgate also
-the pipeline's own time per request.
+cache could reuse), a cost under Anthropic-style cache pricing (prefix tokens read at
+0.1x, the rest written at 1.25x; one unit per uncached input token), fact retention and
+reversibility (``bench.quality``); for contextgate also the pipeline's own time per
+request. A PNG per run plots tokens per request and cost per session
+(``bench.quality_plots``).
 """
 
 from __future__ import annotations

@@ -8,12 +8,13 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
 MIN_SESSIONS = 20
 """A request index is plotted while at least this many sessions reach it."""
@@ -25,6 +26,13 @@ COLOURS = {
     "headroom": "#2ca02c",
     "contextgate": "#1f77b4",
 }
+
+
+STYLES: dict[str, dict[str, Any]] = {
+    # The raw history and Headroom often coincide: the raw one dashed, on top.
+    "none": {"linestyle": "--", "linewidth": 2.0, "zorder": 3},
+}
+THOUSANDS = FuncFormatter(lambda value, _: f"{value:,.0f}")
 
 
 class Replayed(Protocol):
@@ -54,7 +62,13 @@ def plot_run(title: str, tallies: Mapping[str, Replayed], path: Path) -> None:
     budget = next(iter(tallies.values())).budget
     for name, tally in tallies.items():
         series = median_per_turn(tally.turn_tokens)
-        turns.plot(range(1, len(series) + 1), series, label=name, color=COLOURS.get(name))
+        turns.plot(
+            range(1, len(series) + 1),
+            series,
+            label=name,
+            color=COLOURS.get(name),
+            **STYLES.get(name, {}),
+        )
     turns.axhline(budget, color="black", linestyle=":", linewidth=1, label="max-input")
     turns.set(xlabel="request in session", ylabel="tokens sent (median over sessions)")
     turns.set_title("Tokens per request", fontsize=10)
@@ -69,6 +83,8 @@ def plot_run(title: str, tallies: Mapping[str, Replayed], path: Path) -> None:
         patch.set_alpha(0.6)
     costs.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=8)
     costs.set_ylabel("cost per session (uncached-token units)")
+    costs.yaxis.set_major_formatter(THOUSANDS)
+    turns.yaxis.set_major_formatter(THOUSANDS)
     costs.set_title("Cost per session under cache pricing", fontsize=10)
     costs.grid(alpha=0.3, axis="y")
     figure.suptitle(title)
