@@ -14,7 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 MIN_SESSIONS = 20
 """A request index is plotted while at least this many sessions reach it."""
@@ -85,6 +85,7 @@ def plot_run(title: str, tallies: Mapping[str, Replayed], path: Path) -> None:
     costs.set_ylabel("cost per session (uncached-token units)")
     costs.yaxis.set_major_formatter(THOUSANDS)
     turns.yaxis.set_major_formatter(THOUSANDS)
+    turns.xaxis.set_major_locator(MaxNLocator(integer=True))
     costs.set_title("Cost per session under cache pricing", fontsize=10)
     costs.grid(alpha=0.3, axis="y")
     figure.suptitle(title)
