@@ -46,7 +46,6 @@ import orjson
 
 from bench.quality import Fact, Quality, due_at, facts_of, restored
 from bench.quality_headroom import Compressed, compress_sessions, headroom_version
-from bench.quality_plots import plot_runs
 from bench.report import machine, quantile, write_block
 from gateway.store import MemoryStore
 from pipelines import CompactResult, ConversationState, Pipeline, Policy, RequestRejected
@@ -428,6 +427,8 @@ def main() -> None:
         lines += table(f"{title} {budget:,} tokens", tallies, times)
         runs[f"{turns}-request sessions, max-input {budget:,}"] = tallies
     lines += [asyncio.run(warm_timing(trajectories)), ""]
+    from bench.quality_plots import plot_runs  # matplotlib only where plots are drawn
+
     lines += plot_runs(runs, args.plots, args.output.parent)
     lines.append(END)
     block = "\n".join(lines)
