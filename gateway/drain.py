@@ -32,7 +32,6 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import ShuttingDown
 from gateway.overload import Shedder
 from gateway.relay import ANTHROPIC_ROUTES, anthropic_error_event, openai_error_event, send_error
-from gateway.screening import screening_protocol
 
 __all__ = ["Drain", "Draining", "DrainingServer"]
 
@@ -153,9 +152,7 @@ class _Progress:
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, which on SIGTERM (or SIGINT) starts the gateway's drain before
-    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop.
-    Given the gateway's shedder, it refuses overload below the application
-    (``gateway.screening``) and lets the shedder watch the accept queue."""
+    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop."""
 
     def __init__(
         self,
@@ -165,10 +162,6 @@ class DrainingServer(uvicorn.Server):
         shedder: Shedder | None = None,
     ) -> None:
         config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
-        if shedder is not None and config.http in ("auto", "httptools"):
-            protocol = screening_protocol(shedder)
-            if protocol is not None:
-                config.http = protocol
         super().__init__(config)
         self._draining = draining
         self._grace = grace

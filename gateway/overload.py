@@ -2,11 +2,8 @@
 ``gateway_overloaded`` and ``Retry-After``, instead of queueing it until every request is
 late.
 
-Asked twice: as a request's headers arrive, by the server (``screen``, in
-``gateway.screening``: the queue-delay signals, answered below the application), and by
-``gateway.admission`` before anything else is done for it (``admit``: the in-flight cap,
-and the queue-delay signals too when no server screened). Probes and scrapes are never
-checked, so they keep answering:
+Checked by ``gateway.admission`` before anything else is done for a request (public routes
+are never checked, so probes and scrapes keep answering):
 
 - ``max_in_flight``: requests past admission and not yet finished (a stream until its last
   event). A hard cap on what the process holds in memory at once.
@@ -40,7 +37,7 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["REASONS", "REFUSALS", "RETRY_AFTER", "SUSTAINED", "TICK", "Shedder"]
+__all__ = ["REASONS", "SUSTAINED", "TICK", "Shedder"]
 
 TICK: Final = 0.05
 """Seconds between two readings of the event loop's lag."""
@@ -80,7 +77,6 @@ class Shedder:
         "in_flight",
         "max_in_flight",
         "max_queue_delay",
-        "screened",
         "shed",
     )
 
@@ -102,9 +98,6 @@ class Shedder:
         self._due = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self.screened = False
-        """The server screens every request (``screen``) before the application sees it;
-        ``admit`` then only counts slots."""
 
     def start(self) -> None:
         """Start reading the lag of the running loop (at application start-up)."""
@@ -178,40 +171,29 @@ class Shedder:
         """Tasks alive on the loop (0 before ``start``)."""
         return len(asyncio.all_tasks(self._loop)) if self._loop is not None else 0
 
-    def screen(self) -> str | None:
-        """The reason to refuse a new request now (counted), from how long work waits;
-        ``None`` to let it in. Takes no slot: ``gateway.screening`` asks it as a request's
-        headers arrive, before the application sees the request."""
+    def admit(self) -> Overloaded | None:
+        """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
+        send. Returned, not raised: the caller answers it directly, as cheaply as it can."""
         self._taken += 1
         reason = None
-        if (limit := self.max_queue_delay) is not None:
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            reason = "in_flight"
+        elif (limit := self.max_queue_delay) is not None:
             if self._late_ticks >= SUSTAINED:
                 reason = "event_loop_lag"
             elif self.queue_delay > limit:
                 reason = "accept_queue"
-        if reason is not None:
-            self.shed[reason] += 1
-        return reason
-
-    def admit(self) -> Overloaded | None:
-        """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
-        send. Returned, not raised: the caller answers it directly, as cheaply as it can.
-        Also screens the request unless ``screened`` (the server screened it already)."""
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            if not self.screened:
-                self._taken += 1
-            self.shed["in_flight"] += 1
-            return REFUSALS["in_flight"]
-        if not self.screened and (reason := self.screen()) is not None:
-            return REFUSALS[reason]
-        self.in_flight += 1
-        return None
+        if reason is None:
+            self.in_flight += 1
+            return None
+        self.shed[reason] += 1
+        return _REFUSALS[reason]
 
     def release(self) -> None:
         self.in_flight -= 1
 
 
-REFUSALS: Final = {
+_REFUSALS: Final = {
     reason: Overloaded(
         f"The gateway is overloaded ({what}); retry after {RETRY_AFTER} s.",
         headers={"retry-after": RETRY_AFTER},

@@ -30,9 +30,7 @@ def free_port() -> int:
 class GatewayServer:
     """The gateway app under uvicorn, on a thread, bound to a free loopback port."""
 
-    def __init__(self, settings: Settings, *, screened: bool = False) -> None:
-        """``screened``: the server refuses overload below the application, as
-        ``contextgate serve`` does (``gateway.screening``)."""
+    def __init__(self, settings: Settings) -> None:
         self.app = create_app(settings)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -40,12 +38,7 @@ class GatewayServer:
         self.port = self._sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
         gateway = self.app.state.gateway
-        self._server = DrainingServer(
-            config,
-            gateway.draining,
-            min(settings.shutdown_grace, 2),
-            gateway.shedder if screened else None,
-        )
+        self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
