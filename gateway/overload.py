@@ -20,7 +20,10 @@ are never checked, so probes and scrapes keep answering):
     hands over), divided by the rate at which requests reach admission. Measured on this
     gateway under uvloop: a CPU-saturated process keeps its loop lag near 0.1 s and takes
     in only what it can serve, while the queue, and the latency, grow in the kernel's
-    backlog, which the loop's lag never shows.
+    backlog, which the loop's lag never shows. Counted only when connections waited at
+    ``SUSTAINED`` ticks in a row: a client pool opening its connections at once fills the
+    queue for an instant (16 connections on an idle process read as 0.3 s of delay), and
+    refusing their first requests would be a false alarm.
 
 The shedder counts refusals by reason (``in_flight``, ``event_loop_lag``, ``accept_queue``)
 for the metrics and keeps no per-request state beyond the in-flight count.
@@ -69,6 +72,7 @@ class Shedder:
         "_handle",
         "_lag",
         "_late_ticks",
+        "_queued_ticks",
         "_listeners",
         "_loop",
         "_rate",
@@ -95,6 +99,8 @@ class Shedder:
         self._lag = 0.0
         self._late_ticks = 0
         """Ticks in a row that came more than ``max_queue_delay`` late."""
+        self._queued_ticks = 0
+        """Ticks in a row at which connections waited in the accept queue."""
         self._due = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -133,6 +139,8 @@ class Shedder:
         limit = self.max_queue_delay
         late = limit is not None and self._lag > limit
         self._late_ticks = self._late_ticks + 1 if late else 0
+        queued = limit is not None and self._listeners and self.accept_queue > 0
+        self._queued_ticks = self._queued_ticks + 1 if queued else 0
         rate = self._taken / max(now - self._ticked, 1e-3)
         self._rate += _RATE_WEIGHT * (rate - self._rate)
         self._taken = 0
@@ -181,7 +189,7 @@ class Shedder:
         elif (limit := self.max_queue_delay) is not None:
             if self._late_ticks >= SUSTAINED:
                 reason = "event_loop_lag"
-            elif self.queue_delay > limit:
+            elif self._queued_ticks >= SUSTAINED and self.queue_delay > limit:
                 reason = "accept_queue"
         if reason is None:
             self.in_flight += 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -112,3 +113,30 @@ def test_over_the_cap_routes_answer_503_in_their_envelope_and_probes_still_answe
     assert probes == [200, 200, 200]
     assert 'contextgate_overload_shed_total{reason="in_flight"} 2.0' in metrics
     assert "contextgate_admitted_in_flight 0.0" in metrics
+
+
+async def test_a_burst_of_connections_is_not_overload_but_a_standing_queue_is() -> None:
+    """A real listening socket: 16 connections completed and not yet accepted read as
+    0.32 s of delay at the assumed minimum rate. At once, that is a pool opening its
+    connections: admitted. Still waiting tick after tick: refused."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(16)]
+    shedder = Shedder(max_in_flight=None, max_queue_delay=0.1)
+    shedder.listen_on([listener])
+    shedder.start()
+    try:
+        assert shedder.accept_queue == 16
+        assert shedder.queue_delay > 0.1
+        assert shedder.admit() is None
+        await asyncio.sleep(TICK * (SUSTAINED + 1))
+        assert isinstance(shedder.admit(), Overloaded)
+        assert shedder.shed["accept_queue"] == 1
+        while shedder.accept_queue:
+            listener.accept()[0].close()
+        await asyncio.sleep(TICK * 2)
+        assert shedder.admit() is None
+    finally:
+        shedder.stop()
+        for client in clients:
+            client.close()
+        listener.close()
