@@ -153,7 +153,7 @@ class Shedder:
         for sock in self._listeners:
             try:
                 info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
-            except OSError:
+            except (OSError, ValueError):  # closed (uvloop's wrapper: ValueError)
                 continue
             # struct tcp_info: 8 bytes of u8 fields, then u32 rto, ato, snd_mss, rcv_mss,
             # unacked; on a listening socket ``unacked`` is the accept queue's length.
