@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
-import threading
 
 from tests.mock_upstream import (
     JSONReply,
-    MockUpstream,
     Received,
     Reply,
     SSEReply,
     chat_completion,
     recorded_stream,
+    serve_until_signalled,
 )
 
 STREAMED = re.compile(rb'"stream"\s*:\s*true')
@@ -51,15 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    server = MockUpstream(record=False, port=args.port)
-    server.handler = LastRequest()
-    server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"ready {server.port}", flush=True)
-    stop.wait()
-    server.stop()
+    serve_until_signalled(LastRequest(), args.port)
 
 
 if __name__ == "__main__":

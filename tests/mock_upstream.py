@@ -623,7 +623,6 @@ def _serve_forever() -> None:
     ``--stream-interval`` paces a stream's events and ``--delay`` holds each completion, so
     that a benchmark can keep many requests in flight at once (both 0 by default)."""
     import argparse
-    import signal
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -639,8 +638,16 @@ def _serve_forever() -> None:
             return None  # the model list, never held: it tells that the mock is up
         return stream if b'"stream":true' in received.body else completion
 
-    server = MockUpstream(record=False, port=args.port)
-    server.handler = answer
+    serve_until_signalled(answer, args.port)
+
+
+def serve_until_signalled(handler: Callable[[Received], Reply | None], port: int) -> None:
+    """Run a mock on ``port`` answering with ``handler`` until SIGTERM or SIGINT; print
+    ``ready <port>`` once it listens (what the benchmarks wait for)."""
+    import signal
+
+    server = MockUpstream(record=False, port=port)
+    server.handler = handler
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
