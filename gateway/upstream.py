@@ -188,13 +188,18 @@ class ResponseReading:
 class Upstream(ResponseReading):
     """Pooled HTTP clients for one OpenAI-compatible base URL.
 
-    Connections are spread over ``pool_shards`` independent httpx clients, taken in turn:
-    httpcore's pool rescans every connection it holds (quadratically, with a syscall per
-    idle one) each time a request starts or ends, so one pool serving a hundred concurrent
-    streams spends more time on bookkeeping than on relaying. Small pools keep that cheap.
+    Connections are spread over ``pool_shards`` independent httpx transports, taken in
+    turn: httpcore's pool rescans every connection it holds (quadratically, with a syscall
+    per idle one) each time a request starts or ends, so one pool serving a hundred
+    concurrent streams spends more time on bookkeeping than on relaying. Small pools keep
+    that cheap.
+
+    Requests go to the transport directly rather than through an ``httpx.AsyncClient``: the
+    client's URL merging, auth and redirect hooks and cookie jar are all unused here, and
+    skipping them takes about 0.15 ms off every request (docs/BENCHMARKS.md, Peers).
     """
 
-    __slots__ = ("_clients", "_turn", "settings")
+    __slots__ = ("_base", "_timeout", "_transports", "_turn", "settings")
 
     provider: Final = "openai"
 
@@ -215,20 +220,17 @@ class Upstream(ResponseReading):
             pool=settings.pool_timeout,
         )
         tls = httpx.create_ssl_context()  # built once: loading the CA bundle is slow
-        self._clients = tuple(
-            httpx.AsyncClient(
-                base_url=settings.base_url,
-                timeout=timeout,
-                limits=limits,
-                transport=traced_transport(
-                    transport or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0)
-                ),
-                follow_redirects=False,
-                trust_env=False,
+        self._transports = tuple(
+            traced_transport(
+                transport or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0)
             )
             for _ in range(shards)
         )
-        self._turn = itertools.cycle(self._clients)
+        self._turn = itertools.cycle(self._transports)
+        base = httpx.URL(settings.base_url)
+        # A base path ends with a slash, so that joining a relative path keeps it.
+        self._base = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + b"/")
+        self._timeout = timeout.as_dict()
 
     async def send(
         self,
@@ -240,12 +242,20 @@ class Upstream(ResponseReading):
         params: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         """Send a request; the returned response's body is still to be read (or closed)."""
-        client = next(self._turn)
-        request = client.build_request(
-            method, path, headers=_as_sent(headers), content=content, params=params
+        # As httpx.AsyncClient merges a relative URL: appended to the base path, never
+        # resolved against it (which could drop the base path's last segment).
+        url = self._base.copy_with(raw_path=self._base.raw_path + path.lstrip("/").encode())
+        if params is not None:
+            url = url.copy_merge_params(params)
+        return await self._send(
+            httpx.Request(
+                method,
+                url,
+                headers=_as_sent(headers),
+                content=content,
+                extensions={"timeout": self._timeout},
+            )
         )
-        with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
-            return await client.send(request, stream=True)
 
     async def open(
         self,
@@ -258,16 +268,26 @@ class Upstream(ResponseReading):
         """Send a request whose request-target is ``target``, byte for byte (httpx would
         re-encode a path or query it parses), to the base URL's scheme, host and port;
         the returned response's body is still to be read (or closed)."""
-        client = next(self._turn)
-        request = client.build_request(
-            method, "", headers=_as_sent(headers), content=content, extensions={"target": target}
+        extensions = {"timeout": self._timeout, "target": target}
+        return await self._send(
+            httpx.Request(
+                method,
+                self._base,
+                headers=_as_sent(headers),
+                content=content,
+                extensions=extensions,
+            )
         )
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
         with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
-            return await client.send(request, stream=True)
+            response = await next(self._turn).handle_async_request(request)
+        response.request = request
+        return response
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        for transport in self._transports:
+            await transport.aclose()
 
 
 @contextlib.contextmanager
@@ -324,7 +344,19 @@ def is_context_overflow(status: int, body: bytes) -> bool:
     return any(phrase in text for phrase in OVERFLOW_PHRASES)
 
 
+_DEFAULT_HEADERS: Final = (
+    (b"accept", b"*/*"),
+    (b"accept-encoding", b"gzip, deflate"),
+    (b"user-agent", f"python-httpx/{httpx.__version__}".encode()),
+)
+"""What an ``httpx.AsyncClient`` adds where the request does not say otherwise."""
+
+
 def _as_sent(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """Header values go out as the bytes they came in as (ASGI hands them over decoded as
-    latin-1), so a non-ASCII value passes through instead of failing to encode."""
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    """The request's headers, then the defaults it does not override. Values go out as the
+    bytes they came in as (ASGI hands them over decoded as latin-1), so a non-ASCII value
+    passes through instead of failing to encode."""
+    sent = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    named = {k.lower() for k in headers}
+    sent.extend(default for default in _DEFAULT_HEADERS if default[0].decode() not in named)
+    return sent
