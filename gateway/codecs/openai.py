@@ -61,7 +61,6 @@ def _check_nesting(value: Any, param: str | None, depth: int) -> None:
 
 
 _MAX_NESTING = 255
-_CONTAINERS = (dict, list)
 
 
 _OPTIONAL_STRINGS = ("name", "tool_call_id", "reasoning_content")
@@ -73,6 +72,12 @@ def _check_message(index: int, message: Any) -> None:
     if not isinstance(message, dict):
         raise type_error(f"messages[{index}]", "an object", message)
     role = message.get("role")
+    for value in message.values():
+        if type(value) is not str:
+            break
+    else:  # strings only, as most messages of any history are: only the role to check
+        if role in _ROLES:
+            return
     if not isinstance(role, str) or role not in _ROLES:  # a list or object is unhashable
         param = f"messages[{index}].role"
         raise InvalidRequest(
@@ -115,7 +120,30 @@ def _check_message(index: int, message: Any) -> None:
         value = message.get(key)
         if value is not None and type(value) is not str:
             raise type_error(f"messages[{index}].{key}", "a string", value)
+    if not _shallow(message):
+        _check_nesting(message, f"messages[{index}]", 2)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _shallow(message: dict[str, Any]) -> bool:
+    """Whether ``message`` is at most four levels deep the way nearly every message is: its
+    containers are lists of objects (tool calls, content parts) or objects, holding values
+    that are scalars or objects of scalars. Cheaper than serialising it to find out."""
     for value in message.values():
-        if type(value) in _CONTAINERS:
-            _check_nesting(message, f"messages[{index}]", 2)
-            break
+        if type(value) is list:
+            items = value
+        elif type(value) is dict:
+            items = [value]
+        else:
+            continue
+        for item in items:
+            if type(item) is not dict:
+                return False
+            for inner in item.values():
+                if type(inner) in _SCALARS:
+                    continue
+                if type(inner) is not dict or any(type(v) not in _SCALARS for v in inner.values()):
+                    return False
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 import orjson
 import pytest
@@ -91,3 +92,47 @@ def test_a_role_that_is_a_container_is_invalid_value(role: object) -> None:
         parse_chat_request(orjson.dumps(body))
     assert caught.value.code == "invalid_value"
     assert caught.value.param == "messages[0].role"
+
+
+def _deep(levels: int) -> object:
+    value: object = "x"
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": [{"type": "text", "text": "x", "extra": _deep(300)}]},
+        {"role": "user", "content": "x", "metadata": _deep(300)},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _deep(300)}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f"}, "x": [[]]}],
+            "audio": [_deep(300)],
+        },
+    ],
+)
+def test_a_message_nested_too_deeply_anywhere_is_refused(message: dict[str, object]) -> None:
+    """A message too deep to serialise again is ``nesting_too_deep``, naming the message,
+    wherever the depth is (a content part, an extra field, a tool call's sibling)."""
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}, message]}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request(json.dumps(body).encode())  # orjson cannot write it
+    assert caught.value.code == "nesting_too_deep"
+    assert caught.value.param == "messages[1]"
+
+
+def test_messages_as_deep_as_the_limit_allows_are_accepted() -> None:
+    """Depth under the limit is accepted, in a content part as in an extra field: the quick
+    shape check does not refuse what serialises."""
+    body = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "x", "extra": _deep(200)}]},
+            {"role": "user", "content": "x", "metadata": _deep(200)},
+        ],
+    }
+    assert parse_chat_request(orjson.dumps(body)) == body
