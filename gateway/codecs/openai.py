@@ -64,6 +64,8 @@ _MAX_NESTING = 255
 
 
 _OPTIONAL_STRINGS = ("name", "tool_call_id", "reasoning_content")
+_STRING_FIELDS = frozenset({"role", "content", *_OPTIONAL_STRINGS})
+"""Fields a message may have as strings: a message of these and nothing else is plain."""
 
 
 def _check_message(index: int, message: Any) -> None:
@@ -72,12 +74,13 @@ def _check_message(index: int, message: Any) -> None:
     if not isinstance(message, dict):
         raise type_error(f"messages[{index}]", "an object", message)
     role = message.get("role")
-    for value in message.values():
-        if type(value) is not str:
-            break
-    else:  # strings only, as most messages of any history are: only the role to check
-        if role in _ROLES:
-            return
+    if message.keys() <= _STRING_FIELDS:
+        for value in message.values():
+            if type(value) is not str:
+                break
+        else:  # strings only, as most messages of any history are: only the role to check
+            if role in _ROLES:
+                return
     if not isinstance(role, str) or role not in _ROLES:  # a list or object is unhashable
         param = f"messages[{index}].role"
         raise InvalidRequest(
