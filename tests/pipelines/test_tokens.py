@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -240,6 +241,25 @@ def test_cache_is_bounded() -> None:
     for i in range(50):
         counter.count_message({"role": "user", "content": str(i)})
     assert len(counter._cache) == 10
+
+
+def test_a_full_cache_takes_new_counts_as_fast_as_one_with_room() -> None:
+    """Past its limit the cache takes new counts about as fast as while it fills."""
+    limit = 100_000
+    counter = TokenCounter(max_entries=limit)
+
+    def seconds_to_remember(first: int) -> float:
+        began = time.perf_counter()
+        for key in range(first, first + limit):
+            counter.remember(key, 1_000)
+        return time.perf_counter() - began
+
+    filling = seconds_to_remember(0)
+    full = max(seconds_to_remember(limit), seconds_to_remember(2 * limit))
+    # Evicting one entry at a time took 50 to 300 times as long as filling (more as it
+    # went on); in batches it takes about as long.
+    assert full < 10 * filling, (full, filling)
+    assert len(counter._cache) <= limit
 
 
 def test_tools_are_counted() -> None:
