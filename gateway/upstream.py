@@ -196,7 +196,7 @@ class Upstream(ResponseReading):
 
     Requests go to the transport directly rather than through an ``httpx.AsyncClient``: the
     client's URL merging, auth and redirect hooks and cookie jar are all unused here, and
-    skipping them takes about 0.15 ms off every request (docs/BENCHMARKS.md, Peers).
+    skipping them takes about 0.3 ms off a small request (docs/DECISIONS.md, "Web stack").
     """
 
     __slots__ = ("_base", "_timeout", "_transports", "_turn", "_urls", "settings")
