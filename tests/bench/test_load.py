@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.load import closed_loop
+from bench.load import closed_loop, open_loop
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 PAUSE = 0.005
@@ -69,3 +69,40 @@ async def test_a_single_port_still_works_without_latencies() -> None:
         await listening.wait_closed()
     assert (server.connections, failed) == (2, 0)
     assert rps > 0
+
+
+class ClosingIdle(Counting):
+    """Counting, but a connection is closed after it has been idle for ``IDLE`` seconds, as
+    uvicorn closes keep-alive connections (after 5 s by default)."""
+
+    IDLE = 0.05
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.IDLE)
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(ANSWER)
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_the_open_loop_does_not_reuse_a_connection_the_server_closed() -> None:
+    """Requests due further apart than the server keeps an idle connection each get an
+    answer, on a new connection, instead of failing on the closed one."""
+    server = ClosingIdle()
+    listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    try:
+        answers = await open_loop(port, "/v1/chat/completions", b"{}", rate=5, seconds=1)
+    finally:
+        listening.close()
+        await listening.wait_closed()
+    assert [answer.status for answer in answers] == [200] * 5
+    assert server.connections == 5
