@@ -402,7 +402,11 @@ def test_large_file_is_streamed_not_held(upstream: MockUpstream, tmp_path: Any) 
         assert via.files.content(uploaded.id).content == content
         growth = _memory_kib(pid, "VmHWM") - before
     print(f"gateway peak RSS growth over an 8 MiB upload and download: {growth} KiB")
-    assert growth < 2 * 1024, growth
+    # Holding the file in either direction costs at least its 8 MiB (13-18 MiB measured),
+    # while streaming measured 0.4-1.1 MiB, with the allocator's occasional spikes up to
+    # 4.6 MiB (the same before and after the upstream change of 2026-11-24, on an Intel
+    # host where 2 MiB failed one run in six).
+    assert growth < 6 * 1024, growth
 
 
 @pytest.mark.parametrize(
