@@ -12,24 +12,26 @@ PAUSE = 0.005
 
 class Counting:
     """A keep-alive HTTP/1.1 server that answers every request ``ok`` after ``PAUSE``
-    seconds, counting connections and requests."""
+    seconds, counting connections and requests; with ``idle``, it closes a connection idle
+    for that many seconds, as uvicorn closes keep-alive connections (after 5 s)."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: float | None = None) -> None:
         self.connections = 0
         self.requests = 0
+        self.idle = idle
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle)
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
                 await asyncio.sleep(PAUSE)
                 self.requests += 1
                 writer.write(ANSWER)
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
@@ -71,32 +73,10 @@ async def test_a_single_port_still_works_without_latencies() -> None:
     assert rps > 0
 
 
-class ClosingIdle(Counting):
-    """Counting, but a connection is closed after it has been idle for ``IDLE`` seconds, as
-    uvicorn closes keep-alive connections (after 5 s by default)."""
-
-    IDLE = 0.05
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.IDLE)
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
-                self.requests += 1
-                writer.write(ANSWER)
-                await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
 async def test_the_open_loop_does_not_reuse_a_connection_the_server_closed() -> None:
     """Requests due further apart than the server keeps an idle connection each get an
     answer, on a new connection, instead of failing on the closed one."""
-    server = ClosingIdle()
+    server = Counting(idle=0.05)
     listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
     port = listening.sockets[0].getsockname()[1]
     try:
