@@ -29,6 +29,7 @@ import uvicorn
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.accept import EagerAccept
 from gateway.errors import ShuttingDown
 from gateway.overload import Shedder
 from gateway.relay import ANTHROPIC_ROUTES, anthropic_error_event, openai_error_event, send_error
@@ -166,16 +167,33 @@ class DrainingServer(uvicorn.Server):
         self._draining = draining
         self._grace = grace
         self._shedder = shedder
+        self._accept: EagerAccept | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start-up; then the shedder watches the listening sockets' accept
-        queue (``gateway.overload``)."""
+        """uvicorn's start-up; then every waiting connection is taken in at once
+        (``gateway.accept``) and the shedder reports the accept queue
+        (``gateway.overload``)."""
         await super().startup(sockets)
+        listening = [sock for server in self.servers for sock in server.sockets]
+        config = self.config
+
+        def protocol(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            # What uvicorn's own start-up builds for the connections its servers accept.
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+
+        self._accept = EagerAccept(listening, protocol, config.ssl)
         if self._shedder is not None:
-            self._shedder.listen_on(sock for server in self.servers for sock in server.sockets)
+            self._shedder.listen_on(listening)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._draining.begin(self._grace)
+        if self._accept is not None:
+            self._accept.close()
         await super().shutdown(sockets)
 
     @contextmanager

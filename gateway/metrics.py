@@ -375,8 +375,8 @@ class _Overload(Collector):
         shed = CounterMetricFamily(
             "contextgate_overload_shed",
             "Requests refused with 503 gateway_overloaded, by reason: in_flight (max_in_flight"
-            " reached), event_loop_lag (the loop behind by more than max_queue_delay),"
-            " accept_queue (new connections waiting longer than that to be accepted).",
+            " reached), loop_wait (the limit that work waiting for the event loop longer than"
+            " max_queue_delay has set).",
             labels=["reason"],
         )
         for reason, count in shedder.shed.items():
@@ -387,6 +387,19 @@ class _Overload(Collector):
             "Requests past admission and not finished (public routes not counted): what"
             " max_in_flight caps.",
             value=shedder.in_flight,
+        )
+        if shedder.limit is not None:
+            yield GaugeMetricFamily(
+                "contextgate_admission_limit",
+                "Requests in flight past which new ones are refused now: max_in_flight, or"
+                " less while work waits for the event loop longer than max_queue_delay.",
+                value=shedder.limit,
+            )
+        yield GaugeMetricFamily(
+            "contextgate_event_loop_wait_seconds",
+            "Seconds a callback last took through 20 turns of the event loop: about what a"
+            " small request waits for the loop.",
+            value=shedder.wait,
         )
         yield GaugeMetricFamily(
             "contextgate_event_loop_lag_seconds",

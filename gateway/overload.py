@@ -7,26 +7,38 @@ are never checked, so probes and scrapes keep answering):
 
 - ``max_in_flight``: requests past admission and not yet finished (a stream until its last
   event). A hard cap on what the process holds in memory at once.
-- ``max_queue_delay``, against two measures of how long work waits before the process gets
-  to it:
+- ``max_queue_delay``: an adaptive limit on the requests in flight, set by how long work
+  waits for the event loop.
 
-  - the event loop's lag: how late the loop runs a timer it sets every ``TICK`` seconds,
-    counted only when ``SUSTAINED`` ticks in a row were late. One late tick is one long
-    stretch of work (a large body parsed, a long history counted): the process is free
-    again when the next request arrives, and refusing that request (a serial client's
-    next one, say) would be a false alarm. A saturated loop is late tick after tick.
-  - the accept queue's delay: connections the kernel has completed and the process has
-    not accepted yet (``TCP_INFO`` of the listening sockets, which ``DrainingServer``
-    hands over), divided by the rate at which requests reach admission. Measured on this
-    gateway under uvloop: a CPU-saturated process keeps its loop lag near 0.1 s and takes
-    in only what it can serve, while the queue, and the latency, grow in the kernel's
-    backlog, which the loop's lag never shows. Counted only when connections waited at
-    ``SUSTAINED`` ticks in a row: a client pool opening its connections at once fills the
-    queue for an instant (16 connections on an idle process read as 0.3 s of delay), and
-    refusing their first requests would be a false alarm.
+  - **The probe.** Every ``TICK`` seconds a callback is sent through ``HOPS`` turns of the
+    loop (``call_soon``, ``HOPS`` times over) and the trip is timed. A small request takes
+    about that many turns (measured: 20 turns took 11-14 ms while 16 connections kept the
+    process busy with small requests, whose round trip was 11-12 ms), so the trip reads as
+    what a request waits for the loop. One long turn (a 100K-token history is 5-25 ms of
+    work in one step) hardly moves it; a saturated loop, every turn of which is long, moves
+    it at once.
+  - **The limit**, cut and raised much as TCP's window is. Once a trip has lasted more
+    than ``GRACE`` (3) times ``max_queue_delay``, the limit falls to what is in flight
+    times ``max_queue_delay`` over the trip's time so far, and falls again for each
+    further ``max_queue_delay`` the trip lasts. This is checked as requests arrive, so a
+    flood is cut within 0.3 s, not when the slow trip ends (a flood of 1,000 requests got
+    in between two readings when the probe only said yes or no). Under that, a burst is
+    taken whole (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of work). A
+    trip in time raises the limit by a sixteenth, so it is back at ``max_in_flight``
+    seconds after the overload ends. It never goes below ``FLOOR``: a few requests at
+    once are never overload, whatever their size (a serial client, or four 100K-token
+    histories, each a long turn by itself). Long streams are not refused for being many:
+    they leave the loop idle and the limit at the cap.
+  - **Refusals that feed themselves.** Clients that resend a refused request at once
+    (ignoring ``Retry-After``) keep the loop busy refusing and the trips late however low
+    the limit goes. When a late trip saw more than ``RESENT`` refusals per admission,
+    the limit doubles instead of falling: refusing is making the wait, not easing it.
 
-The shedder counts refusals by reason (``in_flight``, ``event_loop_lag``, ``accept_queue``)
-for the metrics and keeps no per-request state beyond the in-flight count.
+Refusing fast also needs the connections to reach the process:
+``gateway.accept`` takes in every connection the kernel has completed.
+
+The shedder counts refusals by reason (``in_flight``, ``loop_wait``) for the metrics and
+keeps no per-request state beyond the in-flight count.
 """
 
 from __future__ import annotations
@@ -40,18 +52,23 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["REASONS", "SUSTAINED", "TICK", "Shedder"]
+__all__ = ["FLOOR", "GRACE", "HOPS", "REASONS", "TICK", "Shedder"]
 
 TICK: Final = 0.05
-"""Seconds between two readings of the event loop's lag."""
-SUSTAINED: Final = 3
-"""Late ticks in a row that make the loop's lag a reason to refuse."""
-REASONS: Final = ("in_flight", "event_loop_lag", "accept_queue")
-_MIN_RATE: Final = 50.0
-"""Requests a second assumed at least when estimating the accept queue's delay, so that a
-burst of connections on an idle process is not taken for a queue."""
-_RATE_WEIGHT: Final = 0.2
-"""Weight of the last tick in the moving average of the admission rate (about 0.25 s)."""
+"""Seconds between two trips of the probe (and two readings of the loop's lag)."""
+HOPS: Final = 20
+"""Turns of the event loop one trip of the probe goes through."""
+GRACE: Final = 3
+"""How many times ``max_queue_delay`` a trip may last before the limit is cut: a burst is
+taken whole while its wait stays under that."""
+FLOOR: Final = 8
+"""Requests in flight the limit never goes below."""
+RESENT: Final = 4
+"""Refusals per admission during a late trip past which refusing is taken to be making the
+wait, not easing it: the refused come straight back (clients that ignore ``Retry-After``),
+and the limit doubles instead of falling."""
+REASONS: Final = ("in_flight", "loop_wait")
+
 RETRY_AFTER: Final = "1"
 """Seconds a refused client is told to wait: overload passes, or another replica answers."""
 
@@ -64,55 +81,59 @@ class Listener(Protocol):
 
 class Shedder:
     """Admits a request, or refuses it with ``Overloaded`` while the process is past its
-    ``max_in_flight`` or work waits more than ``max_queue_delay`` seconds (``None``: that
-    signal is off)."""
+    ``max_in_flight`` or past the limit that work waiting more than ``max_queue_delay``
+    seconds for the event loop has set (``None``: that signal is off)."""
 
     __slots__ = (
+        "_admitted",
+        "_cuts",
         "_due",
         "_handle",
         "_lag",
-        "_late_ticks",
         "_listeners",
         "_loop",
-        "_queued_ticks",
-        "_rate",
-        "_taken",
-        "_ticked",
+        "_refused",
+        "_trip_started",
+        "_tripping",
         "in_flight",
+        "limit",
         "max_in_flight",
         "max_queue_delay",
         "shed",
+        "wait",
     )
 
     def __init__(self, max_in_flight: int | None, max_queue_delay: float | None) -> None:
         self.max_in_flight = max_in_flight
         self.max_queue_delay = max_queue_delay
         self._listeners: list[Listener] = []
-        self._rate = 0.0
-        """Requests reaching admission per second, a moving average."""
-        self._taken = 0
-        self._ticked = 0.0
         self.in_flight = 0
         """Requests admitted and not finished."""
+        self.limit: int | None = max_in_flight
+        """Requests in flight past which new ones are refused (``None``: no limit)."""
         self.shed = dict.fromkeys(REASONS, 0)
         """Requests refused since start, by reason."""
+        self.wait = 0.0
+        """Seconds the last trip of the probe took through ``HOPS`` turns of the loop."""
         self._lag = 0.0
-        self._late_ticks = 0
-        """Ticks in a row that came more than ``max_queue_delay`` late."""
-        self._queued_ticks = 0
-        """Ticks in a row at which connections waited in the accept queue."""
         self._due = 0.0
+        self._tripping = False
+        self._trip_started = 0.0
+        self._cuts = 0
+        """Times the limit was cut during the trip under way."""
+        self._admitted = self._refused = 0
+        """Requests admitted and refused since the trip under way started."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
-        """Start reading the lag of the running loop (at application start-up)."""
+        """Start probing the running loop (at application start-up)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._schedule()
 
     def listen_on(self, sockets: Iterable[Listener]) -> None:
-        """Watch the accept queue of these listening sockets (TCP on Linux; others are
+        """Report the accept queue of these listening sockets (TCP on Linux; others are
         skipped)."""
         for sock in sockets:
             try:
@@ -129,22 +150,53 @@ class Shedder:
 
     def _schedule(self) -> None:
         assert self._loop is not None
-        self._ticked = time.monotonic()
-        self._due = self._ticked + TICK
+        self._due = time.monotonic() + TICK
         self._handle = self._loop.call_later(TICK, self._tick)
 
     def _tick(self) -> None:
         now = time.monotonic()
         self._lag = max(0.0, now - self._due)
-        limit = self.max_queue_delay
-        late = limit is not None and self._lag > limit
-        self._late_ticks = self._late_ticks + 1 if late else 0
-        queued = limit is not None and self._listeners and self.accept_queue > 0
-        self._queued_ticks = self._queued_ticks + 1 if queued else 0
-        rate = self._taken / max(now - self._ticked, 1e-3)
-        self._rate += _RATE_WEIGHT * (rate - self._rate)
-        self._taken = 0
+        if self.max_queue_delay is not None and not self._tripping and self._loop is not None:
+            self._tripping = True
+            self._trip_started = now
+            self._cuts = self._admitted = self._refused = 0
+            self._loop.call_soon(self._hop, HOPS - 1)
         self._schedule()
+
+    def _hop(self, left: int) -> None:
+        if left and self._loop is not None:
+            self._loop.call_soon(self._hop, left - 1)
+            return
+        self._tripping = False
+        self.wait = time.monotonic() - self._trip_started
+        delay = self.max_queue_delay
+        assert delay is not None
+        if self.wait > delay * GRACE:
+            if not self._cuts:
+                self._cut(self.wait)
+        elif self.wait <= delay and self.limit is not None and self.limit != self.max_in_flight:
+            raised = self.limit + max(1, self.limit // 16)
+            if self.max_in_flight is not None:
+                self.limit = min(raised, self.max_in_flight)
+            else:
+                self.limit = raised if raised < _UNCAPPED else None
+
+    def _cut(self, elapsed: float) -> None:
+        self._cuts += 1
+        if self._refused > RESENT * max(1, self._admitted):
+            if self.limit is not None:
+                doubled = 2 * self.limit
+                cap = self.max_in_flight
+                self.limit = min(doubled, cap) if cap is not None else doubled
+            return
+        held = self.in_flight if self.limit is None else min(self.limit, self.in_flight)
+        assert self.max_queue_delay is not None
+        self.limit = max(FLOOR, int(held * self.max_queue_delay / elapsed))
+
+    @property
+    def probing(self) -> bool:
+        """A trip of the probe is on its way through the loop."""
+        return self._tripping
 
     @property
     def accept_queue(self) -> int:
@@ -161,13 +213,6 @@ class Shedder:
         return waiting
 
     @property
-    def queue_delay(self) -> float:
-        """Seconds a new connection waits to be accepted, estimated."""
-        if not self._listeners:
-            return 0.0
-        return self.accept_queue / max(self._rate, _MIN_RATE)
-
-    @property
     def lag(self) -> float:
         """Seconds the event loop is behind now (0 before ``start``)."""
         if self._loop is None:
@@ -182,24 +227,30 @@ class Shedder:
     def admit(self) -> Overloaded | None:
         """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
         send. Returned, not raised: the caller answers it directly, as cheaply as it can."""
-        self._taken += 1
-        reason = None
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            reason = "in_flight"
-        elif (limit := self.max_queue_delay) is not None:
-            if self._late_ticks >= SUSTAINED:
-                reason = "event_loop_lag"
-            elif self._queued_ticks >= SUSTAINED and self.queue_delay > limit:
-                reason = "accept_queue"
-        if reason is None:
+        if self._tripping and (delay := self.max_queue_delay) is not None:
+            elapsed = time.monotonic() - self._trip_started
+            if elapsed > delay * (GRACE + self._cuts):
+                self._cut(elapsed)
+        limit = self.limit
+        if limit is None or self.in_flight < limit:
             self.in_flight += 1
+            self._admitted += 1
             return None
+        self._refused += 1
+        reason = (
+            "in_flight"
+            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight
+            else "loop_wait"
+        )
         self.shed[reason] += 1
         return _REFUSALS[reason]
 
     def release(self) -> None:
         self.in_flight -= 1
 
+
+_UNCAPPED: Final = 1_000_000
+"""Without ``max_in_flight``, a limit raised past this is lifted."""
 
 _REFUSALS: Final = {
     reason: Overloaded(
@@ -208,8 +259,7 @@ _REFUSALS: Final = {
     )
     for reason, what in (
         ("in_flight", "too many requests in progress"),
-        ("event_loop_lag", "its event loop is behind"),
-        ("accept_queue", "new connections wait to be accepted"),
+        ("loop_wait", "work waits too long for its event loop"),
     )
 }
 """One refusal per reason, made once: they carry nothing of the request."""

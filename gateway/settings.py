@@ -256,13 +256,13 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     225 MiB at rest) near 500 MiB, within the chart's 512 MiB memory request. ``None``:
     no cap."""
     max_queue_delay: float | None = 0.1
-    """Seconds work may wait before the process gets to it, by either measure: the event
-    loop's lag (a timer it sets every 50 ms fires late) or new connections' wait in the
-    kernel's accept queue (its length over the rate requests come in). Past it, new
-    requests are refused with 503 ``gateway_overloaded``: the process is saturated and
-    what it admits only waits. Low on purpose: a request goes round the loop several
-    times, so a loop 0.1 s behind already means a second or more of waiting for each
-    request; an idle loop runs its timers within milliseconds. ``None``: not checked."""
+    """Seconds work may wait for the event loop: about what a small request waits, read by
+    timing a callback through 20 turns of the loop every 50 ms. While it is later than
+    this, the number of requests admitted at once falls (to 0.9 of those in flight, never
+    below 8) and new requests past it are refused with 503 ``gateway_overloaded``; each
+    timely reading raises it again, up to ``max_in_flight`` (``gateway.overload``). A
+    saturated process's turns all grow long; one large request is one long turn, which
+    hardly moves the reading. ``None``: not checked."""
 
     stream_keepalive: float = 15.0
     """Seconds a relayed stream may stay silent before the gateway sends the client an

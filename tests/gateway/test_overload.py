@@ -1,17 +1,21 @@
-"""The shedder: a cap on requests in flight and on the event loop's lag, refused with a 503
-``gateway_overloaded`` and ``Retry-After``; counted by reason."""
+"""The shedder: a cap on requests in flight and a limit that falls while work waits for the
+event loop, refused with a 503 ``gateway_overloaded`` and ``Retry-After``; counted by
+reason. And the eager accept that lets a saturated process take in its connections."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 import time
 
 import httpx
+import uvloop
 
+from gateway.accept import EagerAccept
 from gateway.errors import Overloaded
-from gateway.overload import SUSTAINED, TICK, Shedder
+from gateway.overload import FLOOR, GRACE, TICK, Shedder
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
@@ -35,7 +39,7 @@ def test_past_max_in_flight_a_request_is_refused_and_counted() -> None:
     assert refused.status == 503
     assert refused.code == "gateway_overloaded"
     assert refused.headers == {"retry-after": "1"}
-    assert shedder.shed == {"in_flight": 1, "event_loop_lag": 0, "accept_queue": 0}
+    assert shedder.shed == {"in_flight": 1, "loop_wait": 0}
     shedder.release()
     assert shedder.admit() is None
     assert shedder.in_flight == 2
@@ -48,29 +52,89 @@ def test_without_limits_nothing_is_refused() -> None:
     assert shedder.in_flight == 10_000
 
 
-async def test_one_long_stretch_is_not_overload_but_a_saturated_loop_is() -> None:
-    """The loop blocked once for 0.3 s (a large request worked on): the next request is
-    admitted. Blocked again and again, tick after tick: refused, until a timely tick."""
-    shedder = Shedder(max_in_flight=None, max_queue_delay=0.1)
+async def _stuck_mid_trip(shedder: Shedder, seconds: float) -> None:
+    """Block the loop for ``seconds`` while the probe is on its way through the loop."""
+    while not shedder.probing:
+        await asyncio.sleep(0.001)
+    time.sleep(seconds)  # noqa: ASYNC251 -- the point: the loop is stuck
+
+
+async def test_a_long_step_with_few_requests_in_flight_is_not_overload() -> None:
+    """The loop stuck for 0.5 s (a huge request worked on) with a few requests in flight:
+    the next ones are admitted all the same, up to the floor."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
-        await asyncio.sleep(TICK * 2)
-        time.sleep(0.3)  # noqa: ASYNC251 -- the point: the loop is stuck
-        for _ in range(2):  # the late tick runs
-            await asyncio.sleep(0)
-        assert shedder.lag > 0.1
-        assert shedder.admit() is None
-        for _ in range(SUSTAINED):
-            time.sleep(0.2)  # noqa: ASYNC251 -- work after work, no idle moment
-            for _ in range(2):  # the overdue tick runs, late again
-                await asyncio.sleep(0)
-        assert shedder.lag > 0.1
+        for _ in range(3):
+            assert shedder.admit() is None
+        await _stuck_mid_trip(shedder, 0.5)
+        assert all(shedder.admit() is None for _ in range(FLOOR - 3))
+        assert shedder.limit == FLOOR
         assert isinstance(shedder.admit(), Overloaded)
-        assert shedder.shed["event_loop_lag"] == 1
-        await asyncio.sleep(TICK * 3)
-        assert shedder.lag < 0.1
-        assert shedder.admit() is None
-        assert shedder.tasks >= 1
+    finally:
+        shedder.stop()
+
+
+async def test_a_burst_is_taken_whole() -> None:
+    """200 requests in flight and the loop stuck for 0.2 s, under GRACE times
+    max_queue_delay (a burst being worked through): nothing is cut or refused."""
+    assert 0.1 * GRACE > 0.2
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.2)
+        assert not any(shedder.admit() for _ in range(200))
+        assert shedder.limit == 1024
+        await asyncio.sleep(TICK * 2)  # the late trip ends: late, but not past GRACE
+        assert shedder.limit == 1024
+    finally:
+        shedder.stop()
+
+
+async def test_a_flood_on_a_stuck_loop_is_cut_at_once_and_the_limit_comes_back() -> None:
+    """200 requests in flight and the loop stuck for 0.4 s: the next request is refused,
+    before the probe's trip is over, the limit cut to what is in flight times 0.1 s over
+    the trip's time. Once the loop keeps up again the limit climbs back to max_in_flight
+    within a few seconds."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.4)
+        refused = shedder.admit()
+        assert isinstance(refused, Overloaded)
+        assert "event loop" in refused.message
+        assert shedder.shed == {"in_flight": 0, "loop_wait": 1}
+        assert shedder.limit is not None
+        assert 40 <= shedder.limit <= 50
+        for _ in range(200):
+            shedder.release()
+        deadline = time.monotonic() + 10
+        while shedder.limit != 1024 and time.monotonic() < deadline:
+            await asyncio.sleep(TICK)
+        assert shedder.limit == 1024
+        assert shedder.wait < 0.1
+        assert not any(shedder.admit() for _ in range(1000))
+    finally:
+        shedder.stop()
+
+
+async def test_clients_resending_at_once_do_not_hold_the_limit_down() -> None:
+    """The limit cut, then refusal after refusal while the loop stays stuck (clients
+    resending at once): at the next cut the limit doubles instead of falling."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.4)
+        assert all(isinstance(shedder.admit(), Overloaded) for _ in range(500))
+        cut = shedder.limit
+        assert cut is not None
+        assert cut < 50
+        time.sleep(0.15)  # noqa: ASYNC251 -- still stuck, the same trip under way
+        shedder.admit()
+        assert shedder.limit == 2 * cut
     finally:
         shedder.stop()
 
@@ -115,28 +179,47 @@ def test_over_the_cap_routes_answer_503_in_their_envelope_and_probes_still_answe
     assert "contextgate_admitted_in_flight 0.0" in metrics
 
 
-async def test_a_burst_of_connections_is_not_overload_but_a_standing_queue_is() -> None:
-    """A real listening socket: 16 connections completed and not yet accepted read as
-    0.32 s of delay at the assumed minimum rate. At once, that is a pool opening its
-    connections: admitted. Still waiting tick after tick: refused."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(16)]
-    shedder = Shedder(max_in_flight=None, max_queue_delay=0.1)
-    shedder.listen_on([listener])
-    shedder.start()
-    try:
-        assert shedder.accept_queue == 16
-        assert shedder.queue_delay > 0.1
-        assert shedder.admit() is None
-        await asyncio.sleep(TICK * (SUSTAINED + 1))
-        assert isinstance(shedder.admit(), Overloaded)
-        assert shedder.shed["accept_queue"] == 1
-        while shedder.accept_queue:
-            listener.accept()[0].close()
-        await asyncio.sleep(TICK * 2)
-        assert shedder.admit() is None
-    finally:
-        shedder.stop()
+def _accept_queue(listener: socket.socket) -> int:
+    info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+    return int(struct.unpack_from("I", info, 24)[0])
+
+
+def test_a_busy_uvloop_server_takes_in_every_waiting_connection_at_once() -> None:
+    """uvloop takes one connection per turn of its loop; with eager accept, 50 connections
+    waiting in the kernel's queue are all connected to the server's protocol within a few
+    turns. Closed, the duplicate no longer keeps the port open: connecting is refused."""
+
+    async def main() -> tuple[int, int, bool]:
+        made: list[asyncio.BaseTransport] = []
+
+        class Counted(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made.append(transport)
+
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        server = await loop.create_server(Counted, sock=listener)
+        eager = EagerAccept(server.sockets, Counted)
+        port = listener.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        for _ in range(4):
+            await asyncio.sleep(0)
+        connected, waiting = len(made), _accept_queue(listener)
+        eager.close()
+        server.close()
+        await server.wait_closed()
+        for transport in made:
+            transport.close()
         for client in clients:
             client.close()
-        listener.close()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except ConnectionRefusedError:
+            refused = True
+        else:
+            refused = False
+        return connected, waiting, refused
+
+    connected, waiting, refused = uvloop.run(main())
+    assert (connected, waiting) == (50, 0)
+    assert refused

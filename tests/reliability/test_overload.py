@@ -6,7 +6,7 @@ keep a latency that does not grow over the run, memory stays near its resting si
 probes answer throughout, and when the load stops the process is as before.
 
 ``CONTEXTGATE_RELIABILITY=long`` (``make soak``) offers the load for a minute instead of
-12 s, and also runs the same load with shedding off, where latency grows with the run."""
+12 s, and also runs the same load with shedding off, which the process cannot serve."""
 
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ RSS_SLACK_MIB = 100.0
 """RSS allowed over the resting size under overload (a few hundred small requests in flight
 and the connections' buffers: tens of MiB)."""
 UNSHED = "max_in_flight: null\nmax_queue_delay: null\n"
-SHED_P50_MS = 500
-SHED_P99_MS = 5_000
-"""Bounds on the 503s' latency. The aim is a p99 well under a second (not met here; see
-docs/RELIABILITY.md); on the shared two-core machine these figures were measured on (load
-average 4-6 from other work, the gateway getting about a third of a core) the p99 was
-1.6-2.5 s, and 3.3 s once with a deep fuzz run beside it; the p50 0.1-0.2 s. A process
-short of CPU answers its refusals late too. Without shedding the same load's p99 reaches
-28-30 s, so this bound still tells shedding from collapse; the p50 bound is the tight one."""
+SHED_P50_MS = 250
+SHED_P99_MS = 1_000
+"""Bounds on the 503s' latency: the aim, a p99 well under a second. Measured on the
+two-vCPU machine of docs/RELIABILITY.md: p50 7-12 ms, p99 65-170 ms (before the eager
+accept and the adaptive limit, p99 3.5-4.4 s: new connections waited in the kernel's
+accept queue). Without shedding the same load's p99 reaches 28-30 s."""
+OK_P99_MS = 2_000
+"""Bound on the accepted requests' p99 (measured 0.23-0.46 s; 30 s without shedding)."""
 
 
 @dataclass
@@ -138,6 +138,7 @@ def overload(upstream: str, config: str = "") -> Run:
 def _report(run: Run) -> None:
     ok = [a.ms for a in run.answers if a.status == 200]
     shed = [a.ms for a in run.answers if a.status == 503]
+    other = [a for a in run.answers if a.status not in (200, 503)]
     thirds = [
         [
             a.ms
@@ -149,7 +150,8 @@ def _report(run: Run) -> None:
     print(
         f"\ncapacity {run.capacity:.0f}/s, offered {run.capacity * OVERLOAD:.0f}/s for"
         f" {SECONDS:.0f} s: {len(run.answers)} sent, {len(ok)} ok, {len(shed)} 503,"
-        f" {len(run.answers) - len(ok) - len(shed)} other;"
+        f" {len(other)} other"
+        f" {sorted((a.status, round(a.due, 1), round(a.ms)) for a in other)[:10]};"
         f" ok p50/p99 {quantile(ok, 0.5):.0f}/{quantile(ok, 0.99):.0f} ms,"
         f" 503 p50/p99 {quantile(shed, 0.5):.0f}/{quantile(shed, 0.99):.0f} ms;"
         f" ok p50 by third {[round(quantile(t, 0.5)) for t in thirds]} ms;"
@@ -178,7 +180,7 @@ def test_excess_load_is_refused_fast_and_the_accepted_requests_stay_on_time(
         [a.ms for a in ok if a.due >= 2 * SECONDS / 3],
     )
     assert quantile(last, 0.5) < 2 * quantile(first, 0.5) + 1_000, "latency does not grow"
-    assert quantile([a.ms for a in ok], 0.99) < 6_000
+    assert quantile([a.ms for a in ok], 0.99) < OK_P99_MS
     assert run.peak_mib < run.rest_mib + RSS_SLACK_MIB
     assert run.probes
     assert all(status == 200 for status, _ in run.probes)
@@ -187,11 +189,11 @@ def test_excess_load_is_refused_fast_and_the_accepted_requests_stay_on_time(
 
 
 @pytest.mark.skipif(not LONG, reason="long run: CONTEXTGATE_RELIABILITY=long (make soak)")
-def test_without_shedding_the_same_load_makes_latency_grow(upstream: str) -> None:
-    """Cap and queue delay off: the accepted requests' latency in the last third of the run
-    is several times that of the first (the queue grows for as long as the load lasts)."""
+def test_without_shedding_the_same_load_collapses(upstream: str) -> None:
+    """Cap and queue delay off: the process takes in every request and serves them all
+    late (measured: p50 12.8 s, 107,767 of 124,545 with no answer within 30 s), against
+    0.15 s with shedding."""
     run = overload(upstream, UNSHED)
-    ok = [a for a in run.answers if a.status == 200]
-    first = [a.ms for a in ok if a.due < SECONDS / 3]
-    last = [a.ms for a in ok if a.due >= 2 * SECONDS / 3]
-    assert quantile(last, 0.5) > 2 * quantile(first, 0.5)
+    ok = [a.ms for a in run.answers if a.status == 200]
+    unanswered = sum(a.status == 0 for a in run.answers)
+    assert quantile(ok, 0.5) > 5_000 or unanswered > len(run.answers) / 10
