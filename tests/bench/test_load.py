@@ -86,3 +86,23 @@ async def test_the_open_loop_does_not_reuse_a_connection_the_server_closed() -> 
         await listening.wait_closed()
     assert [answer.status for answer in answers] == [200] * 5
     assert server.connections == 5
+
+
+async def test_the_open_loop_closes_a_connection_idle_past_its_keepalive() -> None:
+    """Requests due 0.2 s apart: within the keep-alive they share one connection; with a
+    keep-alive of 0.05 s each gets a new one, before the server could close the old."""
+    counts = []
+    for keepalive in (4.0, 0.05):
+        server = Counting()
+        listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+        port = listening.sockets[0].getsockname()[1]
+        try:
+            answers = await open_loop(
+                port, "/v1/chat/completions", b"{}", rate=5, seconds=1, keepalive=keepalive
+            )
+        finally:
+            listening.close()
+            await listening.wait_closed()
+        assert [answer.status for answer in answers] == [200] * 5
+        counts.append(server.connections)
+    assert counts == [1, 5]
