@@ -24,12 +24,15 @@ from typing import Final
 
 import orjson
 
-from pipelines.preview import text_digest
-
 __all__ = ["JsonCompaction", "compact_json"]
 
+_OPENING: Final = re.compile(r"[ \t\n\r]*[\[{]")
+"""What an object or array starts with."""
 _TOKENS: Final = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")|[ \t\n\r]+', re.DOTALL)
 """A JSON string literal (kept, group 1) or a run of JSON whitespace (dropped)."""
+
+_UNSEEN: Final = ""
+"""Not in the cache (no compact text is empty)."""
 
 MAX_CHARS: Final = 4_000_000
 """Longer outputs are left alone: they are far over any ``filter-tokens`` and offloaded
@@ -40,8 +43,7 @@ def compact_json(text: str) -> str:
     """``text`` without insignificant whitespace when it is a JSON object or array
     (surrounding whitespace allowed) and that makes it strictly shorter; else ``text``
     itself (the same object)."""
-    start = text.lstrip(" \t\n\r")[:1]
-    if start not in ("{", "[") or len(text) > MAX_CHARS:
+    if _OPENING.match(text) is None or len(text) > MAX_CHARS:
         return text
     compact = _TOKENS.sub(r"\1", text)
     if len(compact) >= len(text):
@@ -54,33 +56,37 @@ def compact_json(text: str) -> str:
 
 
 class JsonCompaction:
-    """``compact_json`` with its results kept, by the text's digest, for the
-    ``entries`` most recently used texts and at most ``chars`` characters of results."""
+    """``compact_json`` with its results kept for the ``entries`` most recently used texts,
+    texts and results together at most ``chars`` characters.
+
+    Kept by the text itself: the lookup hashes it, and Python caches a string's hash, which
+    the token counter has taken already for the same request (a digest per output per
+    request cost 0.4 ms on a warm 100K-token conversation); a found key is compared whole,
+    so two texts can never share a result."""
 
     __slots__ = ("_chars", "_kept", "chars", "entries")
 
-    def __init__(self, *, entries: int = 4_096, chars: int = 32_000_000) -> None:
+    def __init__(self, *, entries: int = 4_096, chars: int = 16_000_000) -> None:
         if entries < 1 or chars < 1:
             raise ValueError("entries and chars must be positive")
         self.entries, self.chars = entries, chars
-        self._kept: OrderedDict[bytes, str | None] = OrderedDict()
-        """Digest -> the compact text, or ``None`` when the text stays as it is."""
+        self._kept: OrderedDict[str, str | None] = OrderedDict()
+        """Text -> its compact text, or ``None`` when it stays as it is."""
         self._chars = 0
 
     def __call__(self, text: str) -> str:
         """``compact_json(text)``, from the cache when this text was seen before."""
-        if text.lstrip(" \t\n\r")[:1] not in ("{", "["):
-            return text  # the common cheap refusal, not worth a digest
-        key = text_digest(text)
-        if key in self._kept:
-            self._kept.move_to_end(key)
-            kept = self._kept[key]
+        if _OPENING.match(text) is None:
+            return text  # the common cheap refusal, not worth keeping
+        kept = self._kept.get(text, _UNSEEN)
+        if kept is not _UNSEEN:
+            self._kept.move_to_end(text)
             return text if kept is None else kept
         compact = compact_json(text)
         found = None if compact is text else compact
-        self._kept[key] = found
-        self._chars += len(found) if found is not None else 0
+        self._kept[text] = found
+        self._chars += len(text) + (len(found) if found is not None else 0)
         while len(self._kept) > self.entries or self._chars > self.chars:
-            _, dropped = self._kept.popitem(last=False)
-            self._chars -= len(dropped) if dropped is not None else 0
+            dropped, result = self._kept.popitem(last=False)
+            self._chars -= len(dropped) + (len(result) if result is not None else 0)
         return compact
