@@ -16,9 +16,9 @@ async def removal_note(removed: Sequence[Message], ctx: StageContext) -> Message
     """Store ``removed`` and return the short user-role note naming its ref and the tools
     it called. Raises ``StoreError`` (nothing is removed then) when the store fails."""
     assert ctx.store is not None
-    ref = await ctx.store.put(
-        ctx.namespace, orjson.dumps(list(removed)), ttl=ctx.policy.offload_ttl
-    )
+    # As the client sent them: a restore gives back its bytes, not a re-encoding.
+    originals = [ctx.as_received(message) for message in removed]
+    ref = await ctx.store.put(ctx.namespace, orjson.dumps(originals), ttl=ctx.policy.offload_ttl)
     calls: dict[str, int] = {}
     for message in removed:
         for call in message.get("tool_calls") or ():

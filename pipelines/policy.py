@@ -67,6 +67,9 @@ class Policy:
     """Media-bearing messages, newest first, that keep their media."""
     filter_tokens: int = 5_000
     """Tool outputs above this many tokens are offloaded behind a preview."""
+    compact_json: bool = True
+    """Whether tool outputs that are JSON objects or arrays are sent without their
+    insignificant whitespace (lossless; what is offloaded stays as the client sent it)."""
     soft_ratio: float | None = None
     """Cache-TTL prune soft-trim level; ``None``: the model family's default."""
     hard_ratio: float | None = None
@@ -99,8 +102,9 @@ class Policy:
             raise PolicyError(
                 "target", f"must be below trigger ({self.trigger}), got {self.target}"
             )
-        if not isinstance(self.cache_markers, bool):
-            raise PolicyError("cache-markers", f"must be a boolean, got {self.cache_markers!r}")
+        for flag in ("compact_json", "cache_markers"):
+            if not isinstance(getattr(self, flag), bool):
+                raise PolicyError(_wire(flag), f"must be a boolean, got {getattr(self, flag)!r}")
         if self.summary_model is not None and not self.summary_model.strip():
             raise PolicyError("summary-model", "must not be empty")
 
@@ -142,6 +146,7 @@ _FIELD_TYPES: Final[Mapping[str, type]] = {
     "tail_ratio": float,
     "keep_images": int,
     "filter_tokens": int,
+    "compact_json": bool,
     "soft_ratio": float,
     "hard_ratio": float,
     "block_tokens": int,

@@ -43,7 +43,7 @@ import orjson
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.groups import ANSWER, Group, protect, split_groups
-from pipelines.messages import Message
+from pipelines.messages import Message, original_bytes
 from pipelines.notes import removal_note
 from pipelines.preview import preview, trim_json
 from pipelines.stage import REF_PATTERN, Compacted, StageContext
@@ -167,6 +167,8 @@ class Compress:
             policy.target,
             policy.tail_ratio,
             policy.offload_ttl,
+            policy.filter_tokens,
+            policy.compact_json,
             ctx.cut("media_cut"),
             ctx.cut("soft_cut"),
             ctx.cut("archive_cut"),
@@ -324,7 +326,7 @@ class Compress:
         return replaced
 
     async def _duplicate(self, message: Message, earlier: Message, ctx: StageContext) -> Message:
-        ref = await self._store(ctx, str(message["content"]).encode())
+        ref = await self._store(ctx, original_bytes(ctx.as_received(message)))
         return {
             **message,
             "content": f"[Identical to the output of the earlier call"
@@ -485,7 +487,7 @@ class Compress:
         if lossy:
             note = f"[Shortened to fit the context window; {_NOT_KEPT}]"
         else:
-            ref = await self._store(ctx, content.encode())
+            ref = await self._store(ctx, original_bytes(ctx.as_received(message)))
             note = f"[Shortened; the full text is stored as {ref}.]"
         short = preview(content, keep) if keep else ""
         return {**message, "content": f"{note}\n{short}" if short else note}

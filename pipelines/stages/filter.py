@@ -1,4 +1,5 @@
-"""Stage 3: tool outputs over ``filter-tokens`` offloaded whole, behind a preview.
+"""Stage 3: JSON tool outputs made compact; outputs over ``filter-tokens`` offloaded whole,
+behind a preview.
 
 One oversized tool result (a database dump, a build log, a page of HTML) can take most of
 a window on its own. Each tool message whose output is over the limit is written to the
@@ -7,6 +8,14 @@ and sizes, followed by a structural preview (``pipelines.preview``). The message
 role, ``tool_call_id`` and name, so the call/result pairing is untouched. Without a store,
 or when a write fails, the output stays as it is. This is hygiene: it applies to every
 message, the protected tail included, at any utilisation.
+
+Before that, with ``compact-json`` (the default), an output that is a JSON object or array
+loses its insignificant whitespace (``pipelines.compact_json``: lossless, the same bytes
+every turn); the size limit applies to what would be sent, so compaction can keep an
+output whole that would otherwise be offloaded. The compact message is registered with
+the request context (``StageContext.reencode``) so that every later stage that offloads
+it stores, and restores, the output exactly as the client sent it. The report counts the
+outputs compacted (``json_compacted``) and the tokens that saved (``json_tokens_saved``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipelines.compact_json import JsonCompaction
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message, original_bytes
@@ -31,6 +41,8 @@ class Filter:
     name: str = "filter"
     preview_chars: int = 3_000
     """Largest preview, in characters (about 750 tokens)."""
+    _compaction: JsonCompaction = field(default_factory=JsonCompaction, repr=False, compare=False)
+    """Compact JSON of the outputs seen: the same output gives the same bytes each turn."""
     _previews: OrderedDict[tuple[bytes, int], str] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
@@ -45,42 +57,72 @@ class Filter:
         limit = ctx.policy.filter_tokens
         rewritten = list(conversation.messages)
         refs: list[str] = []
-        kept_without_store = failures = 0
+        kept_without_store = failures = compacted = compacted_saving = 0
         for index, message in enumerate(conversation.messages):
             if message.get("role") != "tool":
                 continue
             text = _output_text(message)
+            if text is None:
+                continue
+            sent = self._compacted(message) if ctx.policy.compact_json else message
             # A token is at least one UTF-8 byte: an output of no more bytes than the limit
-            # cannot be over it, and is not tokenized at all.
-            if text is None or _utf8_size(text) <= limit:
-                continue
-            tokens = ctx.tokens.message(message)
-            if tokens <= limit:
-                continue
-            if ctx.store is None:
-                kept_without_store += 1
-                continue
-            try:
-                ref = await ctx.store.put(
-                    ctx.namespace, original_bytes(message), ttl=ctx.policy.offload_ttl
-                )
-            except StoreError:
-                kept_without_store += 1
-                failures += 1
-                continue
-            refs.append(ref)
-            budget = min(self.preview_chars, limit * 2)
-            shown = self._preview(text, budget)
-            rewritten[index] = {**message, "content": _header(text, tokens, ref) + "\n" + shown}
+            # cannot be over it, and is not tokenized at all. Compact JSON that fits is
+            # sent whole rather than offloaded.
+            if (
+                _utf8_size(text) > limit
+                and ctx.tokens.message(message) > limit
+                and (sent is message or ctx.tokens.message(sent) > limit)
+            ):
+                if ctx.store is None:
+                    kept_without_store += 1
+                else:
+                    try:
+                        ref = await ctx.store.put(
+                            ctx.namespace, original_bytes(message), ttl=ctx.policy.offload_ttl
+                        )
+                    except StoreError:
+                        kept_without_store += 1
+                        failures += 1
+                    else:
+                        refs.append(ref)
+                        tokens = ctx.tokens.message(message)
+                        shown = self._preview(text, min(self.preview_chars, limit * 2))
+                        header = _header(text, tokens, ref)
+                        rewritten[index] = {**message, "content": header + "\n" + shown}
+                        continue
+            if sent is not message:
+                rewritten[index] = sent
+                ctx.reencode(sent, message)
+                compacted += 1
+                compacted_saving += ctx.tokens.message(message) - ctx.tokens.message(sent)
         ctx.record(
             outputs_offloaded=len(refs),
             refs=refs,
             kept_without_store=kept_without_store,
             store_failures=failures,
+            json_compacted=compacted,
+            json_tokens_saved=compacted_saving,
         )
-        if not refs:
+        if not refs and not compacted:
             return conversation
         return conversation.with_messages(rewritten)
+
+    def _compacted(self, message: Message) -> Message:
+        """``message`` with its output (each text part of it) as compact JSON where that
+        is JSON and shorter; ``message`` itself when nothing changes."""
+        content: Any = message["content"]
+        if isinstance(content, str):
+            compact = self._compaction(content)
+            return message if compact is content else {**message, "content": compact}
+        parts = [
+            part
+            if (text := self._compaction(part["text"])) is part["text"]
+            else {**part, "text": text}
+            for part in content
+        ]
+        if all(new is old for new, old in zip(parts, content, strict=True)):
+            return message
+        return {**message, "content": parts}
 
     def _preview(self, text: str, budget: int) -> str:
         key = (text_digest(text), budget)

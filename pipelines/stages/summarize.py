@@ -287,9 +287,10 @@ class Summarize:
         first = base.end if base is not None else start
         received = lookup.received
         originals = [_richest(received[i], source.messages[i], ctx) for i in range(first, end)]
-        model, inputs, guard = self._guarded(
-            list(originals), base.summary if base is not None else None, ctx
-        )
+        # Stored as received, summarised in their lossless re-encoding (compact JSON):
+        # the same content in fewer tokens for the summary model.
+        shown = [ctx.as_sent(original) for original in originals]
+        model, inputs, guard = self._guarded(shown, base.summary if base is not None else None, ctx)
         return SummaryJob(
             start=start,
             end=end,
@@ -346,7 +347,10 @@ class Summarize:
 def _richest(received: Message, sent: Message, ctx: StageContext) -> Message:
     """The version of a message a summary is made from, and stored as: as received,
     unless the hygiene stages had good reason to replace it (media parts, an output over
-    ``filter-tokens``); their replacement names the stored original."""
+    ``filter-tokens``); their replacement names the stored original. A lossless
+    re-encoding (compact JSON) is no such reason."""
+    if ctx.as_received(sent) is received:
+        return received
     if not isinstance(received.get("content"), str):
         return sent
     return received if ctx.tokens.message(received) <= ctx.policy.filter_tokens else sent

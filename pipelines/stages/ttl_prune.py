@@ -162,7 +162,14 @@ class TtlPrune:
         if keys is None or len(keys) != len(messages):
             return None
         policy = ctx.policy
-        return (ctx.namespace, keys[index], kind, policy.filter_tokens, policy.offload_ttl)
+        return (
+            ctx.namespace,
+            keys[index],
+            kind,
+            policy.filter_tokens,
+            policy.compact_json,
+            policy.offload_ttl,
+        )
 
     async def _again(
         self, ctx: StageContext, index: int, messages: Sequence[Message], kind: tuple[str, ...]
@@ -205,9 +212,12 @@ class TtlPrune:
     async def _archive(
         self, message: Message, text: str, name: str, ctx: StageContext
     ) -> Message | None:
-        ref = await self._stored(ctx, original_bytes(message))
+        received = ctx.as_received(message)
+        ref = await self._stored(ctx, original_bytes(received))
         if ref is None:
             return None
+        # The sizes of what the ref restores (the output as the client sent it).
+        text = _text(received) or text
         lines = text.count("\n") + 1
         stub = (
             f"[Archived output of {name}: {len(text):,} characters, {lines:,} lines, stored as"
@@ -217,10 +227,12 @@ class TtlPrune:
 
     async def _trimmed(self, message: Message, text: str, ctx: StageContext) -> Message | None:
         short = self._shorter(text)
-        ref = await self._stored(ctx, original_bytes(message))
+        received = ctx.as_received(message)
+        ref = await self._stored(ctx, original_bytes(received))
         if ref is None:
             return None
-        note = f"[Trimmed to save space: {len(text):,} characters in full, stored as {ref}.]"
+        full = len(_text(received) or text)
+        note = f"[Trimmed to save space: {full:,} characters in full, stored as {ref}.]"
         return {**message, "content": f"{note}\n{short}"}
 
     def _shorter(self, text: str) -> str:

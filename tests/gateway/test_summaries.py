@@ -29,7 +29,13 @@ from tests.mock_upstream import JSONReply, MockUpstream, Received, SummaryModel,
 from tests.openai_schema import assert_valid_request
 
 TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
-POLICY = "max-input=8000"
+POLICY = "max-input=7000"
+"""Small enough that the longest trajectory is compacted and summarised: as compact JSON
+it is 7,379 tokens, and at 8,000 its first cold pass alone brings it under the trigger."""
+RAW_POLICY = "max-input=8000, compact-json=?0"
+"""For the scenario timed turn by turn (a preparation some turns before the cut, then its
+use on another replica), sized on the trajectory's tokens as the client sends them: with
+compact JSON the preparation comes one turn before the cut at any max-input tried."""
 
 
 def trajectories() -> list[dict[str, Any]]:
@@ -307,12 +313,12 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
         index = 0
         for request in history:
             index += 1
-            response = post(first.base_url, request, "replicas-1")
+            response = post(first.base_url, request, "replicas-1", RAW_POLICY)
             if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
                 break
         settle(model)  # the summary model answers after 1 s; then it is stored
         for request in history[index:]:
-            response = post(second.base_url, request, "replicas-1")
+            response = post(second.base_url, request, "replicas-1", RAW_POLICY)
             path = response.headers.get("x-contextgate-summary", "").split(",")[0]
             if path:
                 break
@@ -329,7 +335,7 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
         with ThreadPoolExecutor(2) as pool:
             answers = list(
                 pool.map(
-                    lambda base: post(base, last, "replicas-2"),
+                    lambda base: post(base, last, "replicas-2", RAW_POLICY),
                     [first.base_url, second.base_url],
                 )
             )

@@ -23,6 +23,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "tail-ratio": 0.20,
         "keep-images": 2,
         "filter-tokens": 5_000,
+        "compact-json": True,
         "soft-ratio": None,
         "hard-ratio": None,
         "block-tokens": 120_000,
@@ -44,6 +45,7 @@ def test_from_mapping_applies_wire_names_on_a_base() -> None:
         4,
     )
     assert not Policy.from_mapping({"cache-markers": False}).cache_markers
+    assert not Policy.from_mapping({"compact-json": False}).compact_json
 
 
 @pytest.mark.parametrize(
@@ -63,6 +65,7 @@ def test_from_mapping_applies_wire_names_on_a_base() -> None:
         ({"trigger": 0.4}, "trigger", "above target"),
         ({"cache-markers": 0}, "cache-markers", "boolean"),
         ({"cache-markers": "no"}, "cache-markers", "boolean"),
+        ({"compact-json": 1}, "compact-json", "boolean"),
     ],
 )
 def test_bad_values_name_the_key(values: dict[str, object], key: str, fragment: str) -> None:

@@ -356,6 +356,7 @@ POLICY_KEYS = [
     "tail-ratio",
     "keep-images",
     "filter-tokens",
+    "compact-json",
     "soft-ratio",
     "hard-ratio",
     "block-tokens",

@@ -192,7 +192,8 @@ def test_tools_images_and_unknown_fields_forwarded_untouched(
                     }
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_1", "content": '{"animal": "cat"}'},
+            # Compact already: a JSON output with spaces would go compact (compact-json).
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"animal":"cat"}'},
         ],
         "tools": [
             {

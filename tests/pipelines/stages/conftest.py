@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines import CompactResult, Pipeline, Policy, Stage, StoreError
+from pipelines.compact_json import compact_json
 
 
 class FailingStore:
@@ -45,12 +46,22 @@ def probed(probe: BoundaryProbe) -> list[Stage]:
     return [probe if s.name == "cache_markers" else type(s)() for s in DEFAULT_STAGES]
 
 
+def as_filtered(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as the filter sends a small one: a JSON tool output without its
+    insignificant whitespace (``compact-json``), anything else as it is."""
+    content = message.get("content")
+    if message.get("role") != "tool" or not isinstance(content, str):
+        return message
+    return {**message, "content": compact_json(content)}
+
+
 def boundary_at(probe: BoundaryProbe, received: list[dict[str, Any]]) -> int:
     """Where the boundary the probe saw is in the conversation it saw, checking that the
-    messages after it are the received history's tail, untouched."""
+    messages after it are the received history's tail, untouched (but for the filter's
+    lossless compact JSON)."""
     conversation, boundary = probe.seen[-1]
     messages = conversation.messages
     index = next(i for i, m in enumerate(messages) if m is boundary)
     tail = messages[index + 1 :]
-    assert list(tail) == received[len(received) - len(tail) :]
+    assert list(tail) == [as_filtered(m) for m in received[len(received) - len(tail) :]]
     return index

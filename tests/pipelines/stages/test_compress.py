@@ -330,4 +330,5 @@ async def test_reusing_the_last_cut_gives_the_same_bytes_as_computing_it(max_inp
             assert orjson.dumps(result.request) == orjson.dumps(computed.request)
             compress = result.report.stage("compress")
             reused += bool(compress and compress.details.get("reused"))
-    assert reused > 100
+    # With compact JSON the traces leave 77 cut requests at 8,000 tokens (686 at 4,000).
+    assert reused > 50

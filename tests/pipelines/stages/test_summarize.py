@@ -56,7 +56,7 @@ async def run(
     pipeline = Pipeline(store=STORE, summarizer=summarizer)
     return await pipeline.compact(
         {"model": "gpt-4o", "messages": history},
-        policy=Policy(max_input=6_000, **policy),
+        policy=Policy(**{"max_input": 6_000, **policy}),
         state=state,
         now=1_000.0,
     )
@@ -344,15 +344,18 @@ async def test_overflowing_even_without_tool_outputs_falls_back_to_notes() -> No
 
 async def test_a_cut_sent_with_notes_keeps_them_while_the_cache_is_warm() -> None:
     history = long_history()
-    failed = await run(Scripted(SummaryFailed("down")), history)
+    # At 6,000 tokens the compact history's cold pass archives enough that no cut is
+    # worth taking; 5,500 keeps the scenario (a cut, then a cold summary).
+    policy = {"max_input": 5_500}
+    failed = await run(Scripted(SummaryFailed("down")), history, **policy)
     assert details(failed)["path"].startswith("fallback")
     state = failed.state.answered(at=999.0)
     summarizer = Scripted("ready now")
-    again = await run(summarizer, history, state=state)
+    again = await run(summarizer, history, state=state, **policy)
     assert summarizer.calls == []
     assert again.request == failed.request
     assert details(again)["path"].startswith("notes kept")
-    cold = await run(Scripted("ready now"), history, state=failed.state.answered(at=1.0))
+    cold = await run(Scripted("ready now"), history, state=failed.state.answered(at=1.0), **policy)
     assert details(cold)["path"] == "summarised"
 
 
