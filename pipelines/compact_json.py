@@ -12,8 +12,10 @@ JSON, a value orjson cannot read exactly, no saving) leaves the text as it is.
 
 The same output comes back on every turn of a conversation and must compact to the same
 bytes each time (the provider's prompt cache keys on them), so results are kept per text,
-in a bounded cache. What the client sent is never lost: a stage that offloads a compacted
-output stores the message as received (``StageContext.as_received``).
+in a bounded cache (not for texts found not to be JSON within their first ``EARLY``
+characters: a log line that opens with ``[`` is rejected again at once). What the client
+sent is never lost: a stage that offloads a compacted output stores the message as
+received (``StageContext.as_received``).
 """
 
 from __future__ import annotations
@@ -39,20 +41,36 @@ MAX_CHARS: Final = 4_000_000
 whole anyway, and parsing them twice per new output is what a cap bounds."""
 
 
+EARLY: Final = 1_024
+"""Characters within which a text that is not JSON is found out (the parser stops at its
+first error): such a text is rejected again as cheaply as a cache lookup, so the cache does
+not keep it."""
+
+
 def compact_json(text: str) -> str:
     """``text`` without insignificant whitespace when it is a JSON object or array
     (surrounding whitespace allowed) and that makes it strictly shorter; else ``text``
     itself (the same object)."""
+    return _compacted(text)[0]
+
+
+def _compacted(text: str) -> tuple[str, bool]:
+    """``compact_json(text)``, and whether the answer is worth keeping: not when the text
+    was found not to be JSON within its first ``EARLY`` characters."""
     if _OPENING.match(text) is None or len(text) > MAX_CHARS:
-        return text
+        return text, False
+    try:
+        value = orjson.loads(text)  # first: a text that is not JSON fails at once
+    except orjson.JSONDecodeError as exc:
+        return text, exc.pos > EARLY
     compact = _TOKENS.sub(r"\1", text)
     if len(compact) >= len(text):
-        return text
+        return text, True
     try:
-        same = orjson.loads(compact) == orjson.loads(text)
+        same = orjson.loads(compact) == value
     except orjson.JSONDecodeError:
-        return text
-    return compact if same else text
+        return text, True
+    return (compact if same else text), True
 
 
 class JsonCompaction:
@@ -82,7 +100,9 @@ class JsonCompaction:
         if kept is not _UNSEEN:
             self._kept.move_to_end(text)
             return text if kept is None else kept
-        compact = compact_json(text)
+        compact, keep = _compacted(text)
+        if not keep:
+            return compact
         found = None if compact is text else compact
         self._kept[text] = found
         self._chars += len(text) + (len(found) if found is not None else 0)

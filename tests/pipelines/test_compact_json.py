@@ -133,6 +133,19 @@ def test_the_cache_gives_the_same_bytes_and_stays_bounded() -> None:
     assert small._chars <= 30
 
 
+def test_text_that_is_plainly_not_json_is_not_kept() -> None:
+    """Outputs that open like JSON but are not (a log line starting with ``[``) are
+    rejected at their first characters each time, without filling the cache; a text that
+    fails late (a long JSON array cut short) is kept, so its long parse is not repeated."""
+    compaction = JsonCompaction()
+    lines = [f"[{n}] booking BK{n:04d}: seat 7C, confirmed\n" * 80 for n in range(50)]
+    assert all(compaction(text) is text for text in lines)
+    assert len(compaction._kept) == 0
+    cut = json.dumps(list(range(2_000)))[:-1]
+    assert compaction(cut) is cut
+    assert len(compaction._kept) == 1
+
+
 # Through the pipeline.
 
 
