@@ -86,17 +86,18 @@ class Shedder:
 
     __slots__ = (
         "_admitted",
+        "_cap",
         "_cuts",
         "_due",
         "_handle",
         "_lag",
+        "_limit",
         "_listeners",
         "_loop",
         "_refused",
         "_trip_started",
         "_tripping",
         "in_flight",
-        "limit",
         "max_in_flight",
         "max_queue_delay",
         "shed",
@@ -109,8 +110,10 @@ class Shedder:
         self._listeners: list[Listener] = []
         self.in_flight = 0
         """Requests admitted and not finished."""
-        self.limit: int | None = max_in_flight
-        """Requests in flight past which new ones are refused (``None``: no limit)."""
+        self._cap = max_in_flight if max_in_flight is not None else _UNCAPPED
+        """What the limit rises to."""
+        self._limit = self._cap
+        """Requests in flight past which new ones are refused."""
         self.shed = dict.fromkeys(REASONS, 0)
         """Requests refused since start, by reason."""
         self.wait = 0.0
@@ -174,24 +177,22 @@ class Shedder:
         if self.wait > delay * GRACE:
             if not self._cuts:
                 self._cut(self.wait)
-        elif self.wait <= delay and self.limit is not None and self.limit != self.max_in_flight:
-            raised = self.limit + max(1, self.limit // 16)
-            if self.max_in_flight is not None:
-                self.limit = min(raised, self.max_in_flight)
-            else:
-                self.limit = raised if raised < _UNCAPPED else None
+        elif self.wait <= delay:
+            self._limit = min(self._cap, self._limit + max(1, self._limit // 16))
 
     def _cut(self, elapsed: float) -> None:
         self._cuts += 1
         if self._refused > RESENT * max(1, self._admitted):
-            if self.limit is not None:
-                doubled = 2 * self.limit
-                cap = self.max_in_flight
-                self.limit = min(doubled, cap) if cap is not None else doubled
+            self._limit = min(self._cap, 2 * self._limit)
             return
-        held = self.in_flight if self.limit is None else min(self.limit, self.in_flight)
         assert self.max_queue_delay is not None
-        self.limit = max(FLOOR, int(held * self.max_queue_delay / elapsed))
+        held = min(self._limit, self.in_flight)
+        self._limit = max(FLOOR, int(held * self.max_queue_delay / elapsed))
+
+    @property
+    def limit(self) -> int | None:
+        """Requests in flight past which new ones are refused now (``None``: no limit)."""
+        return None if self.max_in_flight is None and self._limit >= _UNCAPPED else self._limit
 
     @property
     def probing(self) -> bool:
@@ -231,8 +232,7 @@ class Shedder:
             elapsed = time.monotonic() - self._trip_started
             if elapsed > delay * (GRACE + self._cuts):
                 self._cut(elapsed)
-        limit = self.limit
-        if limit is None or self.in_flight < limit:
+        if self.in_flight < self._limit:
             self.in_flight += 1
             self._admitted += 1
             return None
@@ -250,7 +250,8 @@ class Shedder:
 
 
 _UNCAPPED: Final = 1_000_000
-"""Without ``max_in_flight``, a limit raised past this is lifted."""
+"""What the limit rises to without ``max_in_flight``: no process holds that many requests,
+so at this height it is no limit."""
 
 _REFUSALS: Final = {
     reason: Overloaded(

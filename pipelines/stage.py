@@ -143,12 +143,10 @@ class StageContext:
     details: dict[str, Any] = field(default_factory=dict)
     """What the running stage wants reported (items touched, refs created); the runner
     gives each stage a fresh dict and files it under the stage's name."""
-    reencoded: dict[int, tuple[Message, Message]] = field(default_factory=dict)
-    """Lossless re-encodings made for this request (a tool output as compact JSON), by
-    the id of the message made: that message (held, so its id stays its own) and the
-    message as received. See ``as_received``."""
     reencodings: dict[int, tuple[Message, Message]] = field(default_factory=dict)
-    """The same pairs the other way round, by the id of the message received."""
+    """Lossless re-encodings made for this request (a tool output as compact JSON): the
+    message made and the message as received, by the id of either (both held, so their
+    ids stay their own). See ``as_received`` and ``as_sent``."""
 
     def record(self, **details: Any) -> None:
         """Add ``details`` to the running stage's report."""
@@ -156,21 +154,20 @@ class StageContext:
 
     def reencode(self, made: Message, received: Message) -> None:
         """Note that ``made`` says what ``received`` says, in other bytes."""
-        self.reencoded[id(made)] = (made, received)
-        self.reencodings[id(received)] = (received, made)
+        self.reencodings[id(made)] = self.reencodings[id(received)] = (made, received)
 
     def as_received(self, message: Message) -> Message:
         """The message as the client sent it when ``message`` is a lossless re-encoding
         of it, else ``message``: what a stage offloads, so that a restore gives back the
         client's bytes, not the gateway's rewriting of them."""
-        found = self.reencoded.get(id(message))
+        found = self.reencodings.get(id(message))
         return found[1] if found is not None and found[0] is message else message
 
     def as_sent(self, message: Message) -> Message:
         """The lossless re-encoding made of a received ``message``, else ``message``:
         what a model reading it (the summary model) is given."""
         found = self.reencodings.get(id(message))
-        return found[1] if found is not None and found[0] is message else message
+        return found[0] if found is not None and found[1] is message else message
 
     async def confirmed(self, ref: str) -> bool:
         """Whether ``ref`` is still in the store (renewing it for ``offload-ttl``), asked
