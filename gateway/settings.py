@@ -257,10 +257,11 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     no cap."""
     max_queue_delay: float | None = 0.1
     """Seconds work may wait for the event loop: about what a small request waits, read by
-    timing a callback through 20 turns of the loop every 50 ms. While it is later than
-    this, the number of requests admitted at once falls (to 0.9 of those in flight, never
-    below 8) and new requests past it are refused with 503 ``gateway_overloaded``; each
-    timely reading raises it again, up to ``max_in_flight`` (``gateway.overload``). A
+    timing a callback through 20 turns of the loop every 50 ms. Once a reading is three
+    times later than this, the number of requests admitted at once falls (to those in
+    flight times this over the reading, never below 8) and new requests past it are refused
+    with 503 ``gateway_overloaded``; each timely reading raises it again by a sixteenth, up
+    to ``max_in_flight`` (``gateway.overload``). A
     saturated process's turns all grow long; one large request is one long turn, which
     hardly moves the reading. ``None``: not checked."""
 
