@@ -270,5 +270,5 @@ async def test_invariants_under_fuzzed_conversations(
         seen.add(ref)
         stored = await store.get("", ref)
         assert stored is not None, ref
-        assert stored.strip()
+        assert stored  # what the client sent, which may be whitespace (a blank output)
         pending |= set(REF.findall(stored.decode())) - set(REF.findall(original)) - seen
