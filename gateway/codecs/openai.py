@@ -69,7 +69,7 @@ _STRING_FIELDS = frozenset({"role", "content", *_OPTIONAL_STRINGS})
 
 
 def _check_message(index: int, message: Any) -> None:
-    # The common case is checked with as little work as possible: it runs for every
+    # The common cases are checked with as little work as possible: this runs for every
     # message of every request. The error message is only built on failure.
     if not isinstance(message, dict):
         raise type_error(f"messages[{index}]", "an object", message)
@@ -81,6 +81,13 @@ def _check_message(index: int, message: Any) -> None:
         else:  # strings only, as most messages of any history are: only the role to check
             if role in _ROLES:
                 return
+    elif type(role) is str and role in _ROLES and _plain_tool_calls(message):
+        return
+    _check_fully(index, message)
+
+
+def _check_fully(index: int, message: dict[str, Any]) -> None:
+    role = message.get("role")
     if not isinstance(role, str) or role not in _ROLES:  # a list or object is unhashable
         param = f"messages[{index}].role"
         raise InvalidRequest(
@@ -126,6 +133,43 @@ def _check_message(index: int, message: Any) -> None:
     if not _shallow(message):
         _check_nesting(message, f"messages[{index}]", 2)
 
+
+_CALL_FIELDS = frozenset({"id", "type", "function"})
+_FUNCTION_FIELDS = frozenset({"name", "arguments"})
+
+
+def _plain_tool_calls(message: dict[str, Any]) -> bool:
+    """Whether ``message`` is an assistant's tool calls the way nearly every one is: string
+    fields (content also null) and ``tool_calls``, a list of calls of string fields and a
+    ``function`` of exactly a string name and arguments. Such a message passes every check
+    of ``_check_fully``, nesting included; this says so in under half the time."""
+    calls = message.get("tool_calls")
+    if type(calls) is not list or not message.keys() <= _TOOL_CALL_FIELDS:
+        return False
+    for key in _OPTIONAL_TEXT:
+        value = message.get(key)
+        if value is not None and type(value) is not str:
+            return False
+    for call in calls:
+        if type(call) is not dict or not call.keys() <= _CALL_FIELDS:
+            return False
+        function = call.get("function")
+        if (
+            type(function) is not dict
+            or type(function.get("name")) is not str
+            or type(function.get("arguments")) is not str
+            or len(function) != 2
+            or type(call.get("id", "")) is not str
+            or type(call.get("type", "")) is not str
+        ):
+            return False
+    return True
+
+
+_OPTIONAL_TEXT = ("content", *_OPTIONAL_STRINGS)
+
+
+_TOOL_CALL_FIELDS = _STRING_FIELDS | {"tool_calls"}
 
 _SCALARS = (str, int, float, bool, type(None))
 
