@@ -215,8 +215,9 @@ class TokenCounter:
         values (the common case, and the string hashes are computed once per request), else
         of its JSON. Cheaper than a cryptographic digest by several times on a long
         history, and enough for a per-process cache, where a collision could only misstate
-        one message's count."""
-        if type(value) is dict:
+        one message's count. A message with tool calls goes straight to its JSON: finding
+        out by the TypeError would double its cost."""
+        if type(value) is dict and "tool_calls" not in value:
             try:
                 return hash(tuple(value.items()))
             except TypeError:
