@@ -114,10 +114,14 @@ class TtlPrune:
             if text is None or index in anchor:
                 continue
             new = None
-            if index < archive_goal and len(text) >= self.archive_min_chars:
+            name = _call_name(messages, index) if index < archive_goal else ""
+            if (
+                index < archive_goal
+                and len(text) >= self.archive_min_chars
+                and _stub_saves(ctx, message, text, name)
+            ):
                 fresh = index >= cuts.archive
                 if not fresh or work.allows(text, archive=True):
-                    name = _call_name(messages, index)
                     new = await self._again(ctx, index, messages, ("archive", name)) or (
                         await self._archive(message, text, name, ctx)
                     )
@@ -216,14 +220,7 @@ class TtlPrune:
         ref = await self._stored(ctx, original_bytes(received))
         if ref is None:
             return None
-        # The sizes of what the ref restores (the output as the client sent it).
-        text = _text(received) or text
-        lines = text.count("\n") + 1
-        stub = (
-            f"[Archived output of {name}: {len(text):,} characters, {lines:,} lines, stored as"
-            f" {ref}. Restore it if it is needed again; do not guess its content.]"
-        )
-        return {**message, "content": stub}
+        return {**message, "content": _stub(name, _text(received) or text, ref)}
 
     async def _trimmed(self, message: Message, text: str, ctx: StageContext) -> Message | None:
         short = self._shorter(text)
@@ -287,6 +284,30 @@ class _Work:
     def done(self, text: str, *, archive: bool) -> None:
         self.bytes += len(text)
         self.archives += archive
+
+
+def _stub(name: str, text: str, ref: str) -> str:
+    """What an archived output becomes, giving the sizes of what the ref restores (the
+    output as the client sent it)."""
+    lines = text.count("\n") + 1
+    return (
+        f"[Archived output of {name}: {len(text):,} characters, {lines:,} lines, stored as"
+        f" {ref}. Restore it if it is needed again; do not guess its content.]"
+    )
+
+
+_SAMPLE_REF: Final = "ctx_FNHy43GQUKimepCWtDjuhAj3"
+"""A ref as long and as random as real ones: what a stub will cost can be counted before
+the output is stored."""
+
+
+def _stub_saves(ctx: StageContext, message: Message, text: str, name: str) -> bool:
+    """Whether archiving ``message`` makes it cheaper. An output of a few hundred characters
+    that tokenizes densely (blank lines, a repeated character) can cost less than the stub,
+    about 60 tokens, that would replace it."""
+    received = ctx.as_received(message)
+    stub = _stub(name, _text(received) or text, _SAMPLE_REF)
+    return ctx.tokens.message({**message, "content": stub}) < ctx.tokens.message(message)
 
 
 def _protected_from(messages: Sequence[Message], turns: int) -> int:

@@ -174,3 +174,24 @@ async def test_nothing_changes_when_the_store_refuses() -> None:
     assert not result.changed
     # the cut stops before the first output it could not store (index 5; 3 is the anchor's)
     assert result.state.archive_cut == result.state.soft_cut == 5
+
+
+async def test_an_output_cheaper_than_its_stub_stays_and_later_ones_are_archived() -> None:
+    """Blank lines or a repeated character over the 400-character minimum tokenize to
+    fewer tokens than the stub that would replace them: such an output is left as sent,
+    and archiving goes on past it."""
+    dense = {2: " " * 600, 3: "\n" * 450, 4: "=" * 500}
+
+    def output(n: int) -> str:
+        return dense.get(n) or log_output(n)
+
+    messages = session(9, output)
+    store = MemoryStore()
+    result = await prune(messages, store, max_input=40_000)
+    out = result.request["messages"]
+    tools = [i for i, m in enumerate(messages) if m["role"] == "tool"]
+    for n in dense:
+        assert out[tools[n]] == messages[tools[n]]
+    archived = [n for n, i in enumerate(tools) if out[i]["content"].startswith("[Archived")]
+    assert archived == [1, 5]  # 0 is the anchor's, 6-8 the last three turns'
+    assert result.report.tokens_after < result.report.tokens_before
