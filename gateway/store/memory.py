@@ -7,6 +7,7 @@ bytes are kept zlib-compressed. An object larger than ``max_object_bytes`` is re
 
 from __future__ import annotations
 
+import heapq
 import secrets
 import time
 import zlib
@@ -26,6 +27,7 @@ class MemoryStore:
         "_clock",
         "_compress_over",
         "_entries",
+        "_expiries",
         "_max_bytes",
         "_max_object_bytes",
         "_secret",
@@ -50,6 +52,9 @@ class MemoryStore:
         self._clock = clock
         # (namespace, ref) -> (expires_at, compressed?, stored bytes)
         self._entries: OrderedDict[tuple[str, str], tuple[float, bool, bytes]] = OrderedDict()
+        # (expires_at, key), soonest first: one per put or extension, so some are stale
+        # (the key is gone, or lives longer now) and are skipped when they come up.
+        self._expiries: list[tuple[float, tuple[str, str]]] = []
         self._size = 0
 
     @property
@@ -67,12 +72,13 @@ class MemoryStore:
         known = self._entries.get(key)
         if known is not None:
             # The same content again (a resent history): keep it longer, store nothing new.
-            self._entries[key] = (max(known[0], self._clock() + ttl), known[1], known[2])
-            self._entries.move_to_end(key)
+            self._extend(key, known, self._clock() + ttl)
             return ref
         compressed = len(content) > self._compress_over
         stored = zlib.compress(content, 1) if compressed else content
-        self._entries[key] = (self._clock() + ttl, compressed, stored)
+        expires_at = self._clock() + ttl
+        self._entries[key] = (expires_at, compressed, stored)
+        self._expire_at(expires_at, key)
         self._size += len(stored)
         self._evict()
         return ref
@@ -84,8 +90,7 @@ class MemoryStore:
         now = self._clock()
         if entry is None or entry[0] <= now:
             return False
-        self._entries[key] = (max(entry[0], now + ttl), entry[1], entry[2])
-        self._entries.move_to_end(key)
+        self._extend(key, entry, now + ttl)
         return True
 
     async def get(self, namespace: str, ref: str) -> bytes | None:
@@ -105,13 +110,34 @@ class MemoryStore:
         if entry is not None:
             self._size -= len(entry[2])
 
+    def _extend(
+        self, key: tuple[str, str], entry: tuple[float, bool, bytes], expires_at: float
+    ) -> None:
+        """Keep ``key`` until ``expires_at`` at least, as the most recently used."""
+        if expires_at > entry[0]:
+            self._entries[key] = (expires_at, entry[1], entry[2])
+            self._expire_at(expires_at, key)
+        self._entries.move_to_end(key)
+
+    def _expire_at(self, expires_at: float, key: tuple[str, str]) -> None:
+        expiries = self._expiries
+        heapq.heappush(expiries, (expires_at, key))
+        if len(expiries) > 2 * len(self._entries) + 1_024:  # mostly stale: start afresh
+            expiries[:] = [(entry[0], k) for k, entry in self._entries.items()]
+            heapq.heapify(expiries)
+
     def _evict(self) -> None:
-        """Under pressure, expired objects go first, then the least recently used. (An
-        expired object is otherwise only noticed when it is read.)"""
+        """Under pressure, expired objects go first, soonest expired first, then the least
+        recently used. (An expired object is otherwise only noticed when it is read.) Each
+        step is a heap or list operation: a full store of 100,000 objects once rescanned
+        them all on every write."""
         if self._size <= self._max_bytes:
             return
-        now = self._clock()
-        for key in [k for k, (expires_at, _, _) in self._entries.items() if expires_at <= now]:
-            self._drop(key)
+        now, expiries, entries = self._clock(), self._expiries, self._entries
+        while self._size > self._max_bytes and expiries and expiries[0][0] <= now:
+            expires_at, key = heapq.heappop(expiries)
+            entry = entries.get(key)
+            if entry is not None and entry[0] == expires_at:
+                self._drop(key)
         while self._size > self._max_bytes:
-            self._drop(next(iter(self._entries)))
+            self._drop(next(iter(entries)))

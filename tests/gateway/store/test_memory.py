@@ -87,3 +87,37 @@ async def test_same_content_again_stores_nothing_new() -> None:
     assert store.size == size
     clock.now += 50
     assert await store.get("ns", ref) == content
+
+
+async def test_under_pressure_expired_objects_go_before_live_ones() -> None:
+    """A full store makes room from what has expired first, even when that was used more
+    recently than live objects; an object whose life was extended is live."""
+    clock = Clock()
+    store = MemoryStore(clock=clock, max_bytes=4_000, max_object_bytes=1_000)
+    live = await store.put("ns", b"1" * 1_000, ttl=600)
+    extended = await store.put("ns", b"2" * 1_000, ttl=60)
+    short = await store.put("ns", b"3" * 1_000, ttl=60)
+    assert await store.touch("ns", extended, 600)
+    assert await store.get("ns", short) is not None  # the most recently used of the three
+    clock.now += 120  # short has expired; extended has not
+    await store.put("ns", b"4" * 1_000, ttl=600)
+    await store.put("ns", b"5" * 1_000, ttl=600)
+    assert await store.get("ns", short) is None
+    assert await store.get("ns", live) is not None
+    assert await store.get("ns", extended) is not None
+    assert store.size <= 4_000
+
+
+async def test_a_full_store_of_many_objects_keeps_its_bookkeeping_bounded() -> None:
+    """Writing into a full store of thousands of small objects, and extending the same
+    ones again and again as resent histories do, keeps the expiry index within a small
+    multiple of the objects held."""
+    store = MemoryStore(max_bytes=200_000, max_object_bytes=1_000)
+    refs = [await store.put("ns", os.urandom(100), ttl=3_600) for _ in range(5_000)]
+    held = [ref for ref in refs if await store.get("ns", ref) is not None]
+    assert 1_000 < len(held) <= 2_000
+    for _ in range(20):
+        for ref in held[-500:]:
+            assert await store.touch("ns", ref, 7_200)
+    assert len(store._expiries) <= 2 * len(held) + 1_024
+    assert store.size <= 200_000
