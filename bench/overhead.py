@@ -105,6 +105,9 @@ def uniquely(messages: list[dict[str, Any]], nonce: str) -> list[dict[str, Any]]
     return out
 
 
+IDLE = 0.02
+
+
 @dataclass
 class Scenario:
     name: str
@@ -112,6 +115,10 @@ class Scenario:
     stream: bool = False
     cold: bool = False
     """Each request gets a body never sent before, on either path."""
+    idle: float = 0.0
+    """Seconds every target sits idle before each request: as in ``bench/peers.py``, where
+    each proxy waits while the others answer, so its caches are cold and its process must
+    be woken (on this machine that doubles what a hop costs)."""
 
 
 def measure(client: httpx.Client, url: str, body: bytes, stream: bool) -> tuple[float, float]:
@@ -154,6 +161,8 @@ def run_scenario(
         order = names[i % len(names) :] + names[: i % len(names)]
         for position, name in enumerate(order):
             index = i * len(names) + position if scenario.cold else i
+            if scenario.idle:
+                time.sleep(scenario.idle)
             elapsed, reported = measure(
                 client, targets[name], scenario.bodies(index), scenario.stream
             )
@@ -270,6 +279,9 @@ def main() -> None:
         Scenario("120K-token history on gpt-4.1, warm", warm),
         Scenario("120K-token history on gpt-4.1, cold (estimated)", cold, cold=True),
         Scenario("60K-token history on gpt-4o, cold (counted exactly)", cold_exact, cold=True),
+        Scenario("1 message, each after 20 ms idle", lambda i: small_body, idle=IDLE),
+        Scenario("20K-token history, each after 20 ms idle", lambda i: mid_body, idle=IDLE),
+        Scenario("120K-token history on gpt-4.1, warm, each after 20 ms idle", warm, idle=IDLE),
     ]
 
     mock_port, gateway_port, passthrough_port = free_port(), free_port(), free_port()
