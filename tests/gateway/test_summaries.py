@@ -32,10 +32,12 @@ TRACES = Path(__file__).resolve().parents[2] / "bench" / "data" / "tau-bench-gpt
 POLICY = "max-input=7000"
 """Small enough that the longest trajectory is compacted and summarised: as compact JSON
 it is 7,379 tokens, and at 8,000 its first cold pass alone brings it under the trigger."""
-RAW_POLICY = "max-input=8000, compact-json=?0"
-"""For the scenario timed turn by turn (a preparation some turns before the cut, then its
-use on another replica), sized on the trajectory's tokens as the client sends them: with
-compact JSON the preparation comes one turn before the cut at any max-input tried."""
+REPLICA_POLICY = "max-input=8000"
+"""For a preparation on one replica used at the cut on another, turn by turn: the first
+replica prepares at the 11th request, and the 23rd is cut on the second before that one's
+own span has outgrown the checkpoint by a grid step (it next prepares two requests after
+the cut). So does 7,600 to 8,500; at 7,000, 7,400, 7,500 or 9,000 the second replica
+schedules its own preparation one or two requests before the cut."""
 
 
 def trajectories() -> list[dict[str, Any]]:
@@ -300,6 +302,8 @@ def replica_config(upstream: MockUpstream, redis_url: str) -> str:
 def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_requests(
     upstream: MockUpstream, redis_url: str
 ) -> None:
+    """A summary one replica prepared is sent by the other at the cut, which asks the
+    summary model nothing; two replicas asked at once for a new cut make one summary."""
     model = SummaryModel(delay=1.0)
     upstream.handler = model
     config = replica_config(upstream, redis_url)
@@ -313,16 +317,18 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
         index = 0
         for request in history:
             index += 1
-            response = post(first.base_url, request, "replicas-1", RAW_POLICY)
+            response = post(first.base_url, request, "replicas-1", REPLICA_POLICY)
             if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
                 break
         settle(model)  # the summary model answers after 1 s; then it is stored
+        assert len(model.calls) == 1
         for request in history[index:]:
-            response = post(second.base_url, request, "replicas-1", RAW_POLICY)
+            response = post(second.base_url, request, "replicas-1", REPLICA_POLICY)
             path = response.headers.get("x-contextgate-summary", "").split(",")[0]
             if path:
                 break
         assert path == "prepared"  # used as prepared: no summary made for this request
+        assert len(model.calls) == 1  # nor any by the second replica before the cut
         (text,) = recalled(chat_requests(upstream)[-1])
         assert model.goal in text
 
@@ -335,7 +341,7 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
         with ThreadPoolExecutor(2) as pool:
             answers = list(
                 pool.map(
-                    lambda base: post(base, last, "replicas-2", RAW_POLICY),
+                    lambda base: post(base, last, "replicas-2"),
                     [first.base_url, second.base_url],
                 )
             )
