@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -15,12 +16,29 @@ from pathlib import Path
 
 import redis
 
-from tests.harness import free_port
-
 SERVICE = "cg-primary"
 """The name the sentinel monitors the primary under."""
 
 _BOOT_SECONDS = 10.0
+_SYNC_SECONDS = 30.0
+"""A backstop: with ``_REPLICATION`` a replica is in sync well within a second, even with
+both cores busy."""
+_REPLICATION = "repl-diskless-sync yes\nrepl-diskless-sync-delay 0\nrepl-diskless-load swapdb\n"
+"""For every server that may be a primary or a replica (a failover swaps them): a full
+sync streams the snapshot over the socket as soon as it is asked for (Redis waits 5 s
+for more replicas by default, and before 7.0 wrote it to disk first), and the replica
+loads it from the socket, not from a temporary file it would first fsync on its only
+thread."""
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports: each bound until all are, since one
+    released could be handed out again (two servers told the same port, one fails)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _binary() -> str:
@@ -70,6 +88,12 @@ class _Processes:
     def ping(self, port: int) -> None:
         wait_for(lambda: bool(client(port).ping()), _BOOT_SECONDS, f"redis on port {port}")
 
+    def log(self, port: int, lines: int = 20) -> str:
+        """The last ``lines`` of a server's log, to say why it did not get ready."""
+        path = self.dir / f"{port}.log"
+        text = path.read_text(errors="replace") if path.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
     def stop(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -89,18 +113,25 @@ class SentinelDeployment:
 
     def __init__(self, processes: _Processes) -> None:
         self._processes = processes
-        self.primary, self.replica, self.sentinel = free_port(), free_port(), free_port()
+        self.primary, self.replica, self.sentinel = free_ports(3)
 
     @property
     def url(self) -> str:
         return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}/0"
 
     def start(self) -> None:
-        self._processes.start(self.primary, "repl-diskless-sync-delay 0\n")
-        self._processes.start(self.replica, f"replicaof 127.0.0.1 {self.primary}\n")
+        # The replica is started once the primary answers: a replica that finds the port
+        # closed tries again only at its next once-a-second replication tick.
+        self._processes.start(self.primary, _REPLICATION)
         self._processes.ping(self.primary)
+        self._processes.start(self.replica, f"{_REPLICATION}replicaof 127.0.0.1 {self.primary}\n")
         self._processes.ping(self.replica)
-        wait_for(self._replica_in_sync, _BOOT_SECONDS, "the replica to sync")
+        try:
+            wait_for(self._replica_in_sync, _SYNC_SECONDS, "the replica to sync")
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{exc}; its log ends:\n{self._processes.log(self.replica)}"
+            ) from None
         self._processes.start(
             self.sentinel,
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 1\n"
@@ -159,17 +190,18 @@ class ClusterDeployment:
 
     def __init__(self, processes: _Processes) -> None:
         self._processes = processes
-        self.ports = [free_port() for _ in range(3)]
+        ports = free_ports(6)
+        self.ports, self.bus_ports = ports[:3], ports[3:]
 
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
 
     def start(self) -> None:
-        for port in self.ports:
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
             self._processes.start(
                 port,
-                f"cluster-enabled yes\ncluster-port {free_port()}\n"
+                f"cluster-enabled yes\ncluster-port {bus_port}\n"
                 f"cluster-config-file nodes-{port}.conf\ncluster-node-timeout 2000\n",
             )
         for port in self.ports:
