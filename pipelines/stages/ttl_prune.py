@@ -134,9 +134,12 @@ class TtlPrune:
             if new is None and index < soft_goal and len(text) > self._trim_floor:
                 fresh = index >= cuts.soft
                 if not fresh or work.allows(text, archive=False):
-                    new = await self._again(ctx, index, messages, ("trim",)) or (
-                        await self._trimmed(message, text, ctx)
-                    )
+                    new = await self._again(ctx, index, messages, ("trim",))
+                    if new is None:
+                        short = self._shorter(text)
+                        if not _saves(ctx, message, _trim_note(len(text), _SAMPLE_REF), short):
+                            continue  # the part cut is cheaper than the note: leave it
+                        new = await self._trimmed(message, text, short, ctx)
                     self._keep(ctx, index, messages, ("trim",), new)
                     if new is not None:
                         trimmed += 1
@@ -222,14 +225,14 @@ class TtlPrune:
             return None
         return {**message, "content": _stub(name, _text(received) or text, ref)}
 
-    async def _trimmed(self, message: Message, text: str, ctx: StageContext) -> Message | None:
-        short = self._shorter(text)
+    async def _trimmed(
+        self, message: Message, text: str, short: str, ctx: StageContext
+    ) -> Message | None:
         received = ctx.as_received(message)
         ref = await self._stored(ctx, original_bytes(received))
         if ref is None:
             return None
-        full = len(_text(received) or text)
-        note = f"[Trimmed to save space: {full:,} characters in full, stored as {ref}.]"
+        note = _trim_note(len(_text(received) or text), ref)
         return {**message, "content": f"{note}\n{short}"}
 
     def _shorter(self, text: str) -> str:
@@ -301,13 +304,24 @@ _SAMPLE_REF: Final = "ctx_FNHy43GQUKimepCWtDjuhAj3"
 the output is stored."""
 
 
+def _trim_note(full: int, ref: str) -> str:
+    """The line a trimmed output opens with; ``full`` is the length of what ``ref``
+    restores."""
+    return f"[Trimmed to save space: {full:,} characters in full, stored as {ref}.]"
+
+
 def _stub_saves(ctx: StageContext, message: Message, text: str, name: str) -> bool:
     """Whether archiving ``message`` makes it cheaper. An output of a few hundred characters
     that tokenizes densely (blank lines, a repeated character) can cost less than the stub,
     about 60 tokens, that would replace it."""
     received = ctx.as_received(message)
-    stub = _stub(name, _text(received) or text, _SAMPLE_REF)
-    return ctx.tokens.message({**message, "content": stub}) < ctx.tokens.message(message)
+    return _saves(ctx, message, _stub(name, _text(received) or text, _SAMPLE_REF))
+
+
+def _saves(ctx: StageContext, message: Message, *lines: str) -> bool:
+    """Whether ``message`` with ``lines`` as its content costs fewer tokens."""
+    rewritten = {**message, "content": "\n".join(lines)}
+    return ctx.tokens.message(rewritten) < ctx.tokens.message(message)
 
 
 def _protected_from(messages: Sequence[Message], turns: int) -> int:

@@ -195,3 +195,22 @@ async def test_an_output_cheaper_than_its_stub_stays_and_later_ones_are_archived
     archived = [n for n, i in enumerate(tools) if out[i]["content"].startswith("[Archived")]
     assert archived == [1, 5]  # 0 is the anchor's, 6-8 the last three turns'
     assert result.report.tokens_after < result.report.tokens_before
+
+
+async def test_an_output_whose_cut_part_is_cheaper_than_the_note_is_not_trimmed() -> None:
+    """Trimming keeps 1,500 characters at each end and adds a note with the ref: when
+    what it would cut is blank, the trimmed output costs more than the whole, so it stays
+    as sent and the outputs after it are trimmed."""
+    head = log_output(1, 100)[:1_500]
+
+    def output(n: int) -> str:
+        return head + " " * 600 + head if n == 1 else log_output(n)
+
+    messages = session(6, output)
+    store = MemoryStore()
+    tokens = (await prune(messages, store, mode="off")).report.tokens_before
+    result = await prune(messages, store, max_input=int(tokens / 0.4))  # between the ratios
+    out = result.request["messages"]
+    assert out[5] == messages[5]
+    assert out[7]["content"].startswith("[Trimmed to save space")
+    assert details(result)["soft_trimmed"] == 1
