@@ -114,22 +114,21 @@ class TtlPrune:
             if text is None or index in anchor:
                 continue
             new = None
-            name = _call_name(messages, index) if index < archive_goal else ""
-            if (
-                index < archive_goal
-                and len(text) >= self.archive_min_chars
-                and _stub_saves(ctx, message, text, name)
-            ):
-                fresh = index >= cuts.archive
+            if index < archive_goal and len(text) >= self.archive_min_chars:
+                fresh, dearer = index >= cuts.archive, False
                 if not fresh or work.allows(text, archive=True):
-                    new = await self._again(ctx, index, messages, ("archive", name)) or (
-                        await self._archive(message, text, name, ctx)
-                    )
+                    name = _call_name(messages, index)
+                    new = await self._again(ctx, index, messages, ("archive", name))
+                    if new is None:
+                        stub = _stub(name, _received_text(ctx, message, text), _SAMPLE_REF)
+                        dearer = not _saves(ctx, message, stub)
+                        if not dearer:
+                            new = await self._archive(message, text, name, ctx)
                     self._keep(ctx, index, messages, ("archive", name), new)
                     if new is not None:
                         archived += 1
                         work.done(text, archive=fresh)
-                if new is None and fresh:
+                if new is None and fresh and not dearer:
                     archive_goal = index  # out of budget or store: stop advancing here
             if new is None and index < soft_goal and len(text) > self._trim_floor:
                 fresh = index >= cuts.soft
@@ -137,7 +136,8 @@ class TtlPrune:
                     new = await self._again(ctx, index, messages, ("trim",))
                     if new is None:
                         short = self._shorter(text)
-                        if not _saves(ctx, message, _trim_note(len(text), _SAMPLE_REF), short):
+                        full = len(_received_text(ctx, message, text))
+                        if not _saves(ctx, message, _trim_note(full, _SAMPLE_REF), short):
                             continue  # the part cut is cheaper than the note: leave it
                         new = await self._trimmed(message, text, short, ctx)
                     self._keep(ctx, index, messages, ("trim",), new)
@@ -219,20 +219,18 @@ class TtlPrune:
     async def _archive(
         self, message: Message, text: str, name: str, ctx: StageContext
     ) -> Message | None:
-        received = ctx.as_received(message)
-        ref = await self._stored(ctx, original_bytes(received))
+        ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
-        return {**message, "content": _stub(name, _text(received) or text, ref)}
+        return {**message, "content": _stub(name, _received_text(ctx, message, text), ref)}
 
     async def _trimmed(
         self, message: Message, text: str, short: str, ctx: StageContext
     ) -> Message | None:
-        received = ctx.as_received(message)
-        ref = await self._stored(ctx, original_bytes(received))
+        ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
-        note = _trim_note(len(_text(received) or text), ref)
+        note = _trim_note(len(_received_text(ctx, message, text)), ref)
         return {**message, "content": f"{note}\n{short}"}
 
     def _shorter(self, text: str) -> str:
@@ -310,18 +308,28 @@ def _trim_note(full: int, ref: str) -> str:
     return f"[Trimmed to save space: {full:,} characters in full, stored as {ref}.]"
 
 
-def _stub_saves(ctx: StageContext, message: Message, text: str, name: str) -> bool:
-    """Whether archiving ``message`` makes it cheaper. An output of a few hundred characters
-    that tokenizes densely (blank lines, a repeated character) can cost less than the stub,
-    about 60 tokens, that would replace it."""
-    received = ctx.as_received(message)
-    return _saves(ctx, message, _stub(name, _text(received) or text, _SAMPLE_REF))
+def _received_text(ctx: StageContext, message: Message, text: str) -> str:
+    """The output as the client sent it (what a ref restores), of which ``text`` is what
+    the earlier stages made."""
+    return _text(ctx.as_received(message)) or text
 
 
 def _saves(ctx: StageContext, message: Message, *lines: str) -> bool:
-    """Whether ``message`` with ``lines`` as its content costs fewer tokens."""
-    rewritten = {**message, "content": "\n".join(lines)}
-    return ctx.tokens.message(rewritten) < ctx.tokens.message(message)
+    """Whether ``message`` with ``lines`` as its content costs fewer tokens. An output of a
+    few hundred characters that tokenizes densely (blank lines, a repeated character) can
+    cost less than a stub, about 60 tokens; a trim whose cut part is blank can cost more
+    than the whole. Counted exactly (the counter's cache, never this request's estimates),
+    so that the same output gets the same answer on every request and every replica."""
+    counter = ctx.counter
+    cost = counter.count_message({**message, "content": "\n".join(lines)})
+    if len(message.get("content") or "") > cost * _TOKEN_CHARS_MAX:
+        return True  # it cannot cost that little: the whole need not be tokenized
+    return cost < counter.count_message(message)
+
+
+_TOKEN_CHARS_MAX: Final = 128
+"""No token of o200k or cl100k spans more than 128 bytes, so a text costs at least a token
+per 128 characters."""
 
 
 def _protected_from(messages: Sequence[Message], turns: int) -> int:

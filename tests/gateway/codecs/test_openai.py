@@ -128,6 +128,20 @@ def _deep(levels: int) -> object:
                 {"id": "a", "function": {"name": "f", "arguments": "{}"}, "x": _deep(300)}
             ],
         },
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": _deep(300), "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [{"type": _deep(300), "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}}],
+            "audio": _deep(300),
+        },
     ],
 )
 def test_a_message_nested_too_deeply_anywhere_is_refused(message: dict[str, object]) -> None:
@@ -162,7 +176,7 @@ extra = st.one_of(json_values, st.just(_deep(300)))
 written back out."""
 tool_call = st.one_of(
     st.fixed_dictionaries(
-        {"id": text_or_not, "type": text_or_not},
+        {"id": st.one_of(text_or_not, extra), "type": st.one_of(text_or_not, extra)},
         optional={
             "function": st.one_of(
                 *[st.fixed_dictionaries({"name": text_or_not, "arguments": text_or_not})] * 4,
@@ -183,6 +197,7 @@ tool_call_message = st.fixed_dictionaries(
         "name": text_or_not,
         "reasoning_content": text_or_not,
         "tool_call_id": text_or_not,
+        "audio": extra,
     },
 )
 

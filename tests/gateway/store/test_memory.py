@@ -95,7 +95,7 @@ async def test_under_pressure_expired_objects_go_before_live_ones() -> None:
     clock = Clock()
     store = MemoryStore(clock=clock, max_bytes=4_000, max_object_bytes=1_000)
     live = await store.put("ns", b"1" * 1_000, ttl=600)
-    extended = await store.put("ns", b"2" * 1_000, ttl=60)
+    extended = await store.put("ns", b"2" * 1_000, ttl=50)
     short = await store.put("ns", b"3" * 1_000, ttl=60)
     assert await store.touch("ns", extended, 600)
     assert await store.get("ns", short) is not None  # the most recently used of the three

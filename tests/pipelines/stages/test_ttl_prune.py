@@ -214,3 +214,27 @@ async def test_an_output_whose_cut_part_is_cheaper_than_the_note_is_not_trimmed(
     assert out[5] == messages[5]
     assert out[7]["content"].startswith("[Trimmed to save space")
     assert details(result)["soft_trimmed"] == 1
+
+
+async def test_the_choice_to_leave_a_dense_output_holds_when_counts_are_estimates() -> None:
+    """A long history the process has not seen is counted by estimate when it is far below
+    every threshold (a 1M-token window here), and an estimate of blank lines is far above
+    their real cost. Whether a stub saves tokens is still decided on exact counts, so the
+    next request (warm cache, exact counts) sends the same history, byte for byte."""
+
+    def output(n: int) -> str:
+        return "\n" * 450 if n == 2 else log_output(n, 60)
+
+    messages = session(100, output)
+    pipeline = Pipeline(stages=[TtlPrune()], store=MemoryStore())
+    policy = Policy(soft_ratio=0.05, hard_ratio=0.05)
+    body = {"model": "gpt-4.1", "messages": messages}
+    first = await pipeline.compact(body, policy=policy, now=NOW)
+    assert not first.report.exact
+    await pipeline.settled()
+    warm = first.state.answered(at=NOW - 5)
+    second = await pipeline.compact(body, policy=policy, state=warm, now=NOW)
+    assert second.report.cache == "hot"
+    assert details(first)["archived"] > 0
+    assert first.request["messages"][7] == messages[7]  # the blank output, as sent
+    assert second.request["messages"] == first.request["messages"]
