@@ -320,8 +320,11 @@ def test_two_replicas_share_a_prepared_summary_and_make_one_for_concurrent_reque
             response = post(first.base_url, request, "replicas-1", REPLICA_POLICY)
             if "prepare=scheduled" in response.headers.get("x-contextgate-summary", ""):
                 break
+        else:
+            pytest.fail("the first replica never prepared a summary")
         settle(model)  # the summary model answers after 1 s; then it is stored
         assert len(model.calls) == 1
+        path = ""
         for request in history[index:]:
             response = post(second.base_url, request, "replicas-1", REPLICA_POLICY)
             path = response.headers.get("x-contextgate-summary", "").split(",")[0]
