@@ -148,9 +148,14 @@ class ConversationState:
 
 
 def _replace(state: ConversationState, **changes: Any) -> ConversationState:
-    values = {f.name: getattr(state, f.name) for f in fields(state)}
+    values = {name: getattr(state, name) for name in _FIELDS}
     values.update(changes)
     return ConversationState(**values)
+
+
+_FIELDS: Final = tuple(f.name for f in fields(ConversationState))
+"""Looked up once: ``dataclasses.fields`` builds its answer on every call, and a request
+makes two or three new states."""
 
 
 def cache_status(state: ConversationState | None, *, ttl: int, now: float) -> tuple[bool, str]:
