@@ -81,13 +81,14 @@ class Lease:
 class Limiter:
     """Admits requests within their caller's ``LimitSettings``."""
 
-    __slots__ = ("_admit", "_backend", "_busy", "_metrics", "_rates")
+    __slots__ = ("_admit", "_backend", "_busy", "_metrics", "_prune_over", "_rates")
 
     def __init__(self, backend: RedisBackend | None, metrics: Metrics) -> None:
         self._backend, self._metrics = backend, metrics
         self._admit = backend.client.register_script(_ADMIT) if backend is not None else None
         """Sent by its hash (EVALSHA), the text only when Redis does not know it yet."""
         self._rates: dict[str, float] = {}
+        self._prune_over = _MAX_KEPT
         """In-process arrival times (ms) when there is no Redis."""
         self._busy: dict[str, set[str]] = {}
 
@@ -149,8 +150,11 @@ class Limiter:
         if busy_max and len(busy) >= busy_max:
             return False, 1_000, "concurrency"
         now = time.monotonic() * 1000
-        if len(self._rates) > _MAX_KEPT:
+        if len(self._rates) > self._prune_over:
             self._rates = {k: at for k, at in self._rates.items() if at > now}
+            # Past arrival times go; with more keys than that still ahead of their time,
+            # the next pass waits until there are twice as many (not one per admission).
+            self._prune_over = max(_MAX_KEPT, 2 * len(self._rates))
         if rpm:
             interval = 60_000 / rpm
             arrival = max(self._rates.get(key, now), now)

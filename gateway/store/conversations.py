@@ -55,13 +55,14 @@ class MemoryConversations:
     """Records in this process: at most ``max_records``, least recently used dropped
     first, each kept ``ttl`` seconds after its last write."""
 
-    __slots__ = ("_checkpoints", "_locks", "_records", "max_records", "ttl")
+    __slots__ = ("_checkpoints", "_locks", "_prune_over", "_records", "max_records", "ttl")
 
     def __init__(self, *, max_records: int = 100_000, ttl: float = 86_400.0) -> None:
         self.max_records, self.ttl = max_records, ttl
         self._records: OrderedDict[tuple[str, str], tuple[float, ConversationState]] = OrderedDict()
         self._checkpoints: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
         self._locks: dict[tuple[str, str], tuple[float, str]] = {}
+        self._prune_over = max_records
 
     async def get(self, namespace: str, conversation: str) -> ConversationState | None:
         key = (namespace, conversation)
@@ -98,8 +99,11 @@ class MemoryConversations:
         held = self._locks.get(key)
         if held is not None and held[0] > now:
             return None
-        if len(self._locks) > self.max_records:
+        if len(self._locks) > self._prune_over:
             self._locks = {k: v for k, v in self._locks.items() if v[0] > now}
+            # With more locks than that still held, the next pass waits until there are
+            # twice as many, rather than coming on every call.
+            self._prune_over = max(self.max_records, 2 * len(self._locks))
         token = secrets.token_hex(8)
         self._locks[key] = (now + seconds, token)
         return token

@@ -200,3 +200,24 @@ def unlimited(upstream: MockUpstream) -> Iterator[GatewayServer]:
 def test_no_limits_no_counting(unlimited: GatewayServer) -> None:
     """A tenant without limits is never refused."""
     assert {chat(unlimited, KEY).status_code for _ in range(20)} == {200}
+
+
+def test_many_callers_inside_their_window_stay_limited_without_a_pass_per_request() -> None:
+    """In a process without Redis, 25,000 callers inside their rate window (more than the
+    10,000 arrival times kept before past ones are dropped) are each still limited, and
+    dropping past arrival times does not come back on every admission once most of what
+    is kept is still ahead of its time."""
+    from gateway.limits import Limiter
+    from gateway.metrics import Metrics
+
+    limiter = Limiter(None, Metrics())
+    keys = [f"caller-{n}" for n in range(25_000)]
+    for key in keys:
+        assert limiter._admit_here(key, 1, 0, "m")[0]
+    kept = limiter._rates
+    for key in keys[::1_000]:
+        admitted, retry_ms, reason = limiter._admit_here(key, 1, 0, "m")
+        assert not admitted
+        assert reason == "rate"
+        assert retry_ms > 0
+    assert limiter._rates is kept  # no pass over the 25,000 for these admissions
