@@ -14,7 +14,9 @@ its latency minus the mock's, both taken in the same round.
    (time to the first body byte), and 20K- and 100K-token histories (tau-bench airline).
    Every round sends each request to every target in turn, the order rotating from request
    to request; the added p50 is the median over rounds of each round's difference of
-   medians, the added p99 the difference of the p99s over all rounds.
+   medians, the added p99 the difference of the p99s over all rounds. Each target therefore
+   sits idle while the others answer; a second pass sends each target its round's requests
+   back to back (the busy regime) and reports the added p50 the same way.
 3. Throughput: closed loops at a fixed number of connections (as ``bench/load.py``'s,
    counting the answers that are not 200 by status), each request size and target in
    turn, rotating from round to round; medians over rounds.
@@ -244,6 +246,26 @@ def latency(plan: Plan, targets: list[Target], payload: Payload) -> dict[str, li
     return times
 
 
+def latency_in_runs(
+    plan: Plan, targets: list[Target], payload: Payload
+) -> dict[str, list[list[float]]]:
+    """As ``latency``, but each target gets its requests of a round back to back (after
+    3 not counted), the targets' order rotating from round to round: what each adds when
+    busy with steady traffic rather than woken from idle."""
+    times: dict[str, list[list[float]]] = {t.name: [] for t in targets}
+    for round_ in range(plan.rounds):
+        order = targets[round_ % len(targets) :] + targets[: round_ % len(targets)]
+        for target in order:
+            times[target.name].append([])
+            for n in range(3 + payload.per_round):
+                if not usable(target, payload):
+                    break
+                ms = attempt(target, payload)
+                if ms is not None and n >= 3:
+                    times[target.name][-1].append(ms)
+    return times
+
+
 def latency_figures(times: dict[str, list[list[float]]]) -> dict[str, dict[str, float]]:
     """Per target: p50, p99 and, against the direct path, the added p50 and p99 (ms)."""
     direct = times[DIRECT]
@@ -340,6 +362,9 @@ def measure(plan: Plan, running: list[Running], ports: dict[str, int], mock_port
         for payload in items:
             figures.latency[payload.name] = latency_figures(latency(plan, targets, payload))
             print(payload.name, figures.latency[payload.name])
+            in_runs = latency_figures(latency_in_runs(plan, targets, payload))
+            figures.latency_in_runs[payload.name] = in_runs
+            print(payload.name, "back to back", in_runs)
         figures.sequential = {r.proxy.name: r.log.stat().st_size for r in running}
         for payload in items:
             if not payload.stream:

@@ -58,6 +58,8 @@ class Figures:
     forwarded: dict[tuple[str, str], str] = field(default_factory=dict)
     latency: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     """Payload -> target -> p50, p99, added_p50, added_p99, count."""
+    latency_in_runs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """The same, each target sent its requests back to back."""
     rps: dict[str, dict[str, float]] = field(default_factory=dict)
     rest: dict[str, float] = field(default_factory=dict)
     peak: dict[str, float] = field(default_factory=dict)
@@ -128,11 +130,32 @@ def latency_table(figures: Figures) -> list[str]:
     return lines
 
 
-def ratios(figures: Figures) -> list[str]:
-    """contextgate's added p50 as a share of each peer's, per request kind."""
+def in_runs_table(figures: Figures) -> list[str]:
+    """Added p50 per request kind and target, each target sent its requests back to back."""
+    names = [p.name for p in figures.proxies]
+    lines = [
+        "| request | direct p50 | " + " | ".join(f"{n} added p50" for n in names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for sent in figures.sent:
+        rows = figures.latency_in_runs.get(sent.name, {})
+        direct = rows.get("direct")
+        cells = [cell(rows[n]["added_p50"]) if n in rows else "—" for n in names]
+        lines.append(
+            f"| {sent.name} | {cell(direct['p50']) if direct else '—'} | {' | '.join(cells)} |"
+        )
+    return lines
+
+
+def ratios(
+    figures: Figures, latency: dict[str, dict[str, dict[str, float]]] | None = None
+) -> list[str]:
+    """contextgate's added p50 as a share of each peer's, per request kind (of ``latency``:
+    by default the rotating pass's)."""
+    latency = figures.latency if latency is None else latency
     lines = []
     for sent in figures.sent:
-        rows = figures.latency.get(sent.name, {})
+        rows = latency.get(sent.name, {})
         ours = rows.get("contextgate")
         parts = []
         for peer, target in (("LiteLLM", 1 / 5), ("Headroom", 1 / 10)):
@@ -219,9 +242,11 @@ def write(figures: Figures, output: Path | None) -> None:
         f" {', '.join(f'{x:.2f}' for x in after)}. Latency: sequential, keep-alive,"
         f" {figures.rounds} rounds of "
         + ", ".join(f"{s.per_round}" for s in figures.sent)
-        + " requests per target (in the order of the table's request kinds); added p50: median"
-        " over rounds of the round's difference of medians against direct; added p99: p99"
-        " over all rounds minus direct's; milliseconds. req/s: closed loop"
+        + " requests per target (in the order of the table's request kinds), the targets in"
+        " turn from request to request, then again with each target's requests of a round"
+        " back to back; added p50: median over rounds of the round's difference of medians"
+        " against direct; added p99: p99 over all rounds minus direct's; milliseconds."
+        " req/s: closed loop"
         f" (`bench/load.py`), {figures.connections} connections, {figures.seconds:g} s,"
         f" median of {figures.load_rounds} round{'s' if figures.load_rounds > 1 else ''}."
     )
@@ -236,6 +261,15 @@ def write(figures: Figures, output: Path | None) -> None:
         " tenth of Headroom's):",
         "",
         *ratios(figures),
+        "",
+        "Back to back (each target sent its round's requests in a row, after 3 not counted;"
+        " the busy regime), added p50, milliseconds:",
+        "",
+        *in_runs_table(figures),
+        "",
+        "contextgate's added p50 back to back as a share of each peer's:",
+        "",
+        *ratios(figures, figures.latency_in_runs),
         "",
         "Memory (MiB, the proxy's whole process group, from /proc):",
         "",
