@@ -88,8 +88,9 @@ class Limiter:
         self._admit = backend.client.register_script(_ADMIT) if backend is not None else None
         """Sent by its hash (EVALSHA), the text only when Redis does not know it yet."""
         self._rates: dict[str, float] = {}
-        self._prune_over = _MAX_KEPT
         """In-process arrival times (ms) when there is no Redis."""
+        self._prune_over = _MAX_KEPT
+        """Entries in ``_rates`` past which the past arrival times are dropped."""
         self._busy: dict[str, set[str]] = {}
 
     async def admit(self, key: str, tenant: str, limits: LimitSettings) -> Lease | None:

@@ -261,9 +261,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     times later than this, the number of requests admitted at once falls (to those in
     flight times this over the reading, never below 8) and new requests past it are refused
     with 503 ``gateway_overloaded``; each timely reading raises it again by a sixteenth, up
-    to ``max_in_flight`` (``gateway.overload``). A
-    saturated process's turns all grow long; one large request is one long turn, which
-    hardly moves the reading. ``None``: not checked."""
+    to ``max_in_flight`` (``gateway.overload``). A saturated process's turns all grow
+    long; one large request is one long turn, which hardly moves the reading. ``None``: not
+    checked."""
 
     stream_keepalive: float = 15.0
     """Seconds a relayed stream may stay silent before the gateway sends the client an

@@ -134,8 +134,9 @@ def _check_fully(index: int, message: dict[str, Any]) -> None:
         _check_nesting(message, f"messages[{index}]", 2)
 
 
+_TOOL_CALL_FIELDS = _STRING_FIELDS | {"tool_calls"}
+_OPTIONAL_TEXT = ("content", *_OPTIONAL_STRINGS)
 _CALL_FIELDS = frozenset({"id", "type", "function"})
-_FUNCTION_FIELDS = frozenset({"name", "arguments"})
 
 
 def _plain_tool_calls(message: dict[str, Any]) -> bool:
@@ -165,11 +166,6 @@ def _plain_tool_calls(message: dict[str, Any]) -> bool:
             return False
     return True
 
-
-_OPTIONAL_TEXT = ("content", *_OPTIONAL_STRINGS)
-
-
-_TOOL_CALL_FIELDS = _STRING_FIELDS | {"tool_calls"}
 
 _SCALARS = (str, int, float, bool, type(None))
 

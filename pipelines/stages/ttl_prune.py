@@ -120,10 +120,10 @@ class TtlPrune:
                     name = _call_name(messages, index)
                     new = await self._again(ctx, index, messages, ("archive", name))
                     if new is None:
-                        stub = _stub(name, _received_text(ctx, message, text), _SAMPLE_REF)
-                        dearer = not _saves(ctx, message, stub)
+                        whole = _received_text(ctx, message, text)
+                        dearer = not _saves(ctx, message, _stub(name, whole, _SAMPLE_REF))
                         if not dearer:
-                            new = await self._archive(message, text, name, ctx)
+                            new = await self._archive(message, whole, name, ctx)
                     self._keep(ctx, index, messages, ("archive", name), new)
                     if new is not None:
                         archived += 1
@@ -139,7 +139,7 @@ class TtlPrune:
                         full = len(_received_text(ctx, message, text))
                         if not _saves(ctx, message, _trim_note(full, _SAMPLE_REF), short):
                             continue  # the part cut is cheaper than the note: leave it
-                        new = await self._trimmed(message, text, short, ctx)
+                        new = await self._trimmed(message, full, short, ctx)
                     self._keep(ctx, index, messages, ("trim",), new)
                     if new is not None:
                         trimmed += 1
@@ -217,21 +217,23 @@ class TtlPrune:
             return None
 
     async def _archive(
-        self, message: Message, text: str, name: str, ctx: StageContext
+        self, message: Message, whole: str, name: str, ctx: StageContext
     ) -> Message | None:
+        """``message`` as a stub naming the ref of ``whole``, its output as received."""
         ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
-        return {**message, "content": _stub(name, _received_text(ctx, message, text), ref)}
+        return {**message, "content": _stub(name, whole, ref)}
 
     async def _trimmed(
-        self, message: Message, text: str, short: str, ctx: StageContext
+        self, message: Message, full: int, short: str, ctx: StageContext
     ) -> Message | None:
+        """``message`` as ``short`` under a note naming the ref of its output as received
+        (``full`` characters)."""
         ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
-        note = _trim_note(len(_received_text(ctx, message, text)), ref)
-        return {**message, "content": f"{note}\n{short}"}
+        return {**message, "content": f"{_trim_note(full, ref)}\n{short}"}
 
     def _shorter(self, text: str) -> str:
         key = text_digest(text)
