@@ -17,7 +17,13 @@ from collections.abc import Callable
 from gateway.store.refs import make_ref
 from pipelines import StoreError
 
-__all__ = ["MemoryStore"]
+__all__ = ["ENTRY_BYTES", "MemoryStore"]
+
+ENTRY_BYTES = 640
+"""Memory an object costs besides its bytes, counted against ``max_bytes``: its ref, key
+and value tuples, its index entry and up to two expiry-heap entries (504 bytes measured
+with one). A store of small objects would otherwise use several times its bound: 80-byte
+objects took 504 bytes each."""
 
 
 class MemoryStore:
@@ -59,7 +65,7 @@ class MemoryStore:
 
     @property
     def size(self) -> int:
-        """Bytes held now."""
+        """Bytes held now: the objects' and ``ENTRY_BYTES`` for each."""
         return self._size
 
     async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
@@ -76,10 +82,12 @@ class MemoryStore:
             return ref
         compressed = len(content) > self._compress_over
         stored = zlib.compress(content, 1) if compressed else content
+        if len(stored) + ENTRY_BYTES > self._max_bytes:
+            raise StoreError(f"object of {len(content):,} bytes does not fit the store")
         expires_at = self._clock() + ttl
         self._entries[key] = (expires_at, compressed, stored)
         self._expire_at(expires_at, key)
-        self._size += len(stored)
+        self._size += len(stored) + ENTRY_BYTES
         self._evict()
         return ref
 
@@ -108,7 +116,7 @@ class MemoryStore:
     def _drop(self, key: tuple[str, str]) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self._size -= len(entry[2])
+            self._size -= len(entry[2]) + ENTRY_BYTES
 
     def _extend(
         self, key: tuple[str, str], entry: tuple[float, bool, bytes], expires_at: float

@@ -136,9 +136,7 @@ CASES: list[tuple[Any, str, str | None]] = [
     (
         {
             **BASE,
-            "messages": [
-                {"role": "user", "content": [{"type": "image", "source": {"type": {}}}]}
-            ],
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": {}}}]}],
         },
         "invalid_type",
         "messages.0.content.0.source.type",

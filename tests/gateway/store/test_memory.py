@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 import pytest
 
 from gateway.store import REF_PATTERN, MemoryStore
+from gateway.store.memory import ENTRY_BYTES
 from pipelines import StoreError
 
 
@@ -26,7 +28,8 @@ async def test_round_trip_is_byte_identical_and_refs_are_well_formed() -> None:
         ref = await store.put("ns", content, ttl=60)
         assert REF_PATTERN.fullmatch(ref)
         assert await store.get("ns", ref) == content
-    assert store.size < 300_000 + 200_000 + 100  # the repetitive object was compressed
+    # The repetitive object was compressed.
+    assert store.size < 300_000 + 200_000 + 100 + 3 * ENTRY_BYTES
 
 
 async def test_refs_are_content_addressed_per_namespace_and_secret() -> None:
@@ -56,7 +59,8 @@ async def test_expired_objects_are_gone() -> None:
 
 async def test_bounded_by_bytes_least_recently_used_out() -> None:
     """Past its byte bound the store drops the least recently used objects first."""
-    store = MemoryStore(max_bytes=3_000, max_object_bytes=1_000, compress_over=10_000)
+    held = 1_000 + ENTRY_BYTES
+    store = MemoryStore(max_bytes=3 * held, max_object_bytes=1_000, compress_over=10_000)
     first = await store.put("ns", b"1" * 1_000, ttl=60)
     second = await store.put("ns", b"2" * 1_000, ttl=60)
     await store.put("ns", b"3" * 1_000, ttl=60)
@@ -64,7 +68,7 @@ async def test_bounded_by_bytes_least_recently_used_out() -> None:
     await store.put("ns", b"4" * 1_000, ttl=60)
     assert await store.get("ns", second) is None
     assert await store.get("ns", first) is not None
-    assert store.size <= 3_000
+    assert store.size <= 3 * held
 
 
 async def test_object_over_the_cap_is_refused() -> None:
@@ -72,6 +76,12 @@ async def test_object_over_the_cap_is_refused() -> None:
     store = MemoryStore(max_bytes=10_000, max_object_bytes=100)
     with pytest.raises(StoreError, match="cap"):
         await store.put("ns", b"x" * 101, ttl=60)
+    # Nor is one that, with its bookkeeping, would not fit the whole store: it would be
+    # evicted by its own write and its ref name nothing.
+    whole = MemoryStore(max_bytes=1_000, max_object_bytes=1_000, compress_over=10_000)
+    with pytest.raises(StoreError, match="does not fit"):
+        await whole.put("ns", b"x" * 1_000, ttl=60)
+    assert whole.size == 0
 
 
 async def test_same_content_again_stores_nothing_new() -> None:
@@ -93,7 +103,8 @@ async def test_under_pressure_expired_objects_go_before_live_ones() -> None:
     """A full store makes room from what has expired first, even when that was used more
     recently than live objects; an object whose life was extended is live."""
     clock = Clock()
-    store = MemoryStore(clock=clock, max_bytes=4_000, max_object_bytes=1_000)
+    held = 1_000 + ENTRY_BYTES
+    store = MemoryStore(clock=clock, max_bytes=4 * held, max_object_bytes=1_000)
     live = await store.put("ns", b"1" * 1_000, ttl=600)
     extended = await store.put("ns", b"2" * 1_000, ttl=50)
     short = await store.put("ns", b"3" * 1_000, ttl=60)
@@ -105,19 +116,42 @@ async def test_under_pressure_expired_objects_go_before_live_ones() -> None:
     assert await store.get("ns", short) is None
     assert await store.get("ns", live) is not None
     assert await store.get("ns", extended) is not None
-    assert store.size <= 4_000
+    assert store.size <= 4 * held
 
 
 async def test_a_full_store_of_many_objects_keeps_its_bookkeeping_bounded() -> None:
     """Writing into a full store of thousands of small objects, and extending the same
     ones again and again as resent histories do, keeps the expiry index within a small
     multiple of the objects held."""
-    store = MemoryStore(max_bytes=200_000, max_object_bytes=1_000)
+    store = MemoryStore(max_bytes=1_000_000, max_object_bytes=1_000)
     refs = [await store.put("ns", os.urandom(100), ttl=3_600) for _ in range(5_000)]
     held = [ref for ref in refs if await store.get("ns", ref) is not None]
-    assert 1_000 < len(held) <= 2_000
+    assert len(held) == 1_000_000 // (100 + ENTRY_BYTES)
     for _ in range(20):
         for ref in held[-500:]:
             assert await store.touch("ns", ref, 7_200)
     assert len(store._expiries) <= 2 * len(held) + 1_024
-    assert store.size <= 200_000
+    assert store.size <= 1_000_000
+
+
+async def test_a_store_of_small_objects_uses_no_more_memory_than_its_bound() -> None:
+    """What ``max_bytes`` bounds is the memory the store takes, bookkeeping included: full
+    of 80-byte objects, extended as resent histories extend them, it holds under its bound
+    (each such object once cost six times its bytes)."""
+    bound = 2_000_000
+
+    def small() -> bytes:
+        return os.urandom(40).hex().encode()
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        store = MemoryStore(max_bytes=bound, max_object_bytes=1_000)
+        refs = [await store.put("tenant", small(), ttl=60) for _ in range(20_000)][-2_000:]
+        for ref in refs:
+            await store.touch("tenant", ref, 600)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert await store.get("tenant", refs[-1]) is not None
+    assert used <= bound
