@@ -67,6 +67,9 @@ share of the request (compared with keeping the previous cut), the previous cut 
 until ``emergency``."""
 
 _MEMOS_KEPT: Final = 1_024
+MEMO_CHARS: Final = 32_000_000
+"""Characters the remembered cuts of all conversations may hold together: each keeps the
+tool outputs before its cut, a whole history's worth on a long conversation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,43 @@ class _Memo:
     """Objects ``out`` names: confirmed in the store before ``out`` is sent again."""
     seen: dict[str, Message]
     """Tool outputs before the cut, for deduplicating the messages after it."""
+    chars: int
+    """What the memo holds, in characters: ``seen``'s texts, ``out`` as JSON, the keys."""
+
+
+class _Memos:
+    """The last cut of recent conversations: at most ``_MEMOS_KEPT`` of them and ``chars``
+    characters together, the least recently used dropped first."""
+
+    __slots__ = ("_chars", "_memos", "chars")
+
+    def __init__(self, chars: int) -> None:
+        self.chars = chars
+        self._memos: OrderedDict[tuple[Any, ...], _Memo] = OrderedDict()
+        self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._memos)
+
+    @property
+    def held(self) -> int:
+        """Characters the memos hold now."""
+        return self._chars
+
+    def get(self, key: tuple[Any, ...]) -> _Memo | None:
+        return self._memos.get(key)
+
+    def used(self, key: tuple[Any, ...]) -> None:
+        self._memos.move_to_end(key)
+
+    def put(self, key: tuple[Any, ...], memo: _Memo) -> None:
+        previous = self._memos.pop(key, None)
+        if previous is not None:
+            self._chars -= previous.chars
+        self._memos[key] = memo
+        self._chars += memo.chars
+        while len(self._memos) > _MEMOS_KEPT or self._chars > self.chars:
+            self._chars -= self._memos.popitem(last=False)[1].chars
 
 
 class _NoStore(Exception):
@@ -100,10 +140,13 @@ class Compress:
     """Share of the budget the compacted span may take."""
     keep_chars: int = 1_200
     """Longest text kept as it is in the span, or in the tail in an emergency."""
-    _memos: OrderedDict[tuple[Any, ...], _Memo] = field(
-        default_factory=OrderedDict, init=False, repr=False, compare=False
-    )
-    """The last cut of recent conversations, to be re-applied without recomputing it."""
+    memo_chars: int = MEMO_CHARS
+    """Characters the last cuts of recent conversations, kept to be re-applied without
+    recomputing them, may hold together."""
+    _memos: _Memos = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memos", _Memos(self.memo_chars))
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         policy, budget = ctx.policy, ctx.budget.input_tokens
@@ -221,20 +264,22 @@ class Compress:
                 and len(content) >= _DEDUP_MIN_CHARS
             ):
                 seen.setdefault(content, message)
-        self._memos[key] = _Memo(
-            signature=(*signature[:-1], self.span_share, self.keep_chars),
-            keys=keys[: cut + 1],
-            out=out,
-            out_tokens=sum(size(m) for m in out),
-            deduped_tokens=sum(size(m) for m in deduped.messages[:cut]),
-            cut=cut,
-            span_start=int(details.get("span_start", 0)),
-            refs=tuple(sorted(set(REF_PATTERN.findall(orjson.dumps(out).decode())))),
-            seen=seen,
+        out_json = orjson.dumps(out).decode()
+        self._memos.put(
+            key,
+            _Memo(
+                signature=(*signature[:-1], self.span_share, self.keep_chars),
+                keys=keys[: cut + 1],
+                out=out,
+                out_tokens=sum(size(m) for m in out),
+                deduped_tokens=sum(size(m) for m in deduped.messages[:cut]),
+                cut=cut,
+                span_start=int(details.get("span_start", 0)),
+                refs=tuple(sorted(set(REF_PATTERN.findall(out_json)))),
+                seen=seen,
+                chars=sum(map(len, seen)) + len(out_json) + 8 * (cut + 1),
+            ),
         )
-        self._memos.move_to_end(key)
-        if len(self._memos) > _MEMOS_KEPT:
-            self._memos.popitem(last=False)
 
     async def _reuse(self, conversation: Conversation, ctx: StageContext) -> Conversation | None:
         """The previous request's cut applied again, when this request continues it and
@@ -274,7 +319,7 @@ class Compress:
         for ref in memo.refs:
             if not await ctx.confirmed(ref):
                 return None
-        self._memos.move_to_end(key)  # type: ignore[arg-type]
+        self._memos.used(key)  # type: ignore[arg-type]
         result = conversation.with_messages([*memo.out, *tail])
         ctx.tokens.remember(result, tokens)
         ctx.record(level="full", cut=cut, span_start=memo.span_start, reused=True)

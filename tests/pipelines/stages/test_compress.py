@@ -332,3 +332,27 @@ async def test_reusing_the_last_cut_gives_the_same_bytes_as_computing_it(max_inp
             reused += bool(compress and compress.details.get("reused"))
     # With compact JSON the traces leave 77 cut requests at 8,000 tokens (686 at 4,000).
     assert reused > 50
+
+
+async def test_the_cuts_kept_for_reuse_stay_within_their_bound() -> None:
+    """Each conversation's last cut is kept to be re-applied, with the tool outputs before
+    it (whole histories' worth on long conversations): together they stay within
+    ``memo_chars``, the least recently used conversations dropped first, and the latest
+    conversation still has its cut re-applied."""
+    from pipelines.stages import DEFAULT_STAGES
+
+    compress = Compress(memo_chars=40_000)
+    stages = [compress if isinstance(s, Compress) else s for s in DEFAULT_STAGES]
+    pipeline = Pipeline(stages=stages, store=MemoryStore())
+    messages = json.loads(TRACES.read_text())[0]["traj"]
+    for number in range(8):
+        # Eight conversations: the same trace under eight system prompts.
+        system = {**messages[0], "content": f"Agent {number}. {messages[0]['content']}"}
+        session = Session(pipeline, Policy(max_input=4_000))
+        # Request 9 makes a clean cut, the next ones re-apply it.
+        for history in requests_of([system, *messages[1:]])[:12]:
+            result = await session.send(history)
+        assert compress._memos.held <= 40_000
+    details = result.report.stage("compress").details  # type: ignore[union-attr]
+    assert details.get("reused")
+    assert 2 <= len(compress._memos) < 8
