@@ -156,6 +156,10 @@ class Tally:
         self.tokens = self.prefix = self.requests = self.over = self.broken = 0
         self.sessions = self.refs = self.restorable = 0
         self.cost = 0.0
+        self.floor = 0.0
+        """On the raw history: what a method would cost that kept ``FLOOR_SHARE`` x the
+        budget per request (the whole history while it is shorter) and never rewrote
+        what it sent before (``cost_floor``)."""
         self.previous: Messages = []
         self.session_costs: list[float] = []
         self.turn_tokens: list[list[int]] = []
@@ -177,6 +181,7 @@ class Tally:
                 break
             shared += self.counter.count_message(now)
         cost = 0.1 * shared + 1.25 * (size - shared)
+        self.floor += cost_floor(size, size - shared, int(FLOOR_SHARE * self.budget))
         self.tokens += size
         self.prefix += shared
         self.cost += cost
@@ -186,6 +191,20 @@ class Tally:
         self.over += size > self.budget
         self.broken += not pairs_valid(sent)
         self.previous = sent
+
+
+FLOOR_SHARE = 0.45
+"""The default policy's ``target``: where a compaction leaves a request."""
+
+
+def cost_floor(size: int, new: int, kept: int) -> float:
+    """The least a request of ``size`` tokens, ``new`` of them new, can cost under cache
+    pricing when ``kept`` tokens of it are sent (all of it if fewer): the new ones written,
+    the rest read from the cache. No method that keeps that much context pays less, and a
+    compaction also rewrites its prefix, which this never does."""
+    sent = min(size, kept)
+    written = min(new, sent)
+    return 0.1 * (sent - written) + 1.25 * written
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +349,10 @@ def table(title: str, tallies: dict[str, Tally], times: list[float]) -> list[str
         "",
         f"contextgate: {ours.restorable:,} of {ours.refs:,} refs in sent requests restore;"
         f" pipeline time per request p50 {statistics.median(times):.2f} ms,"
-        f" p99 {quantile(times, 0.99):.2f} ms.",
+        f" p99 {quantile(times, 0.99):.2f} ms. Cost floor: a method that kept"
+        f" {FLOOR_SHARE:.2f} x max-input tokens per request (the default `target`; the"
+        " whole history while shorter) and never rewrote its prefix would cost"
+        f" {tallies['none'].floor / base:.2f}x.",
         "",
     ]
     return lines
