@@ -157,9 +157,9 @@ class Tally:
         self.sessions = self.refs = self.restorable = 0
         self.cost = 0.0
         self.floor = 0.0
-        """On the raw history: what a method would cost that kept ``FLOOR_SHARE`` x the
-        budget per request (the whole history while it is shorter) and never rewrote
-        what it sent before (``cost_floor``)."""
+        """On the raw history: what a method would cost that sent ``FLOOR_SHARE`` x the
+        budget of its tokens as they are per request (the whole history while it is
+        shorter) and never rewrote what it sent before (``cost_floor``)."""
         self.previous: Messages = []
         self.session_costs: list[float] = []
         self.turn_tokens: list[list[int]] = []
@@ -199,9 +199,10 @@ FLOOR_SHARE = 0.45
 
 def cost_floor(size: int, new: int, kept: int) -> float:
     """The least a request of ``size`` tokens, ``new`` of them new, can cost under cache
-    pricing when ``kept`` tokens of it are sent (all of it if fewer): the new ones written,
-    the rest read from the cache. No method that keeps that much context pays less, and a
-    compaction also rewrites its prefix, which this never does."""
+    pricing when ``kept`` of its tokens are sent as they are (all of them if fewer): the
+    new ones written, the rest read from the cache. A method that sends that much of the
+    history unchanged pays no less (a compaction also rewrites its prefix, which this
+    never does); only re-encoding the same content in fewer tokens goes under it."""
     sent = min(size, kept)
     written = min(new, sent)
     return 0.1 * (sent - written) + 1.25 * written
@@ -349,10 +350,10 @@ def table(title: str, tallies: dict[str, Tally], times: list[float]) -> list[str
         "",
         f"contextgate: {ours.restorable:,} of {ours.refs:,} refs in sent requests restore;"
         f" pipeline time per request p50 {statistics.median(times):.2f} ms,"
-        f" p99 {quantile(times, 0.99):.2f} ms. Cost floor: a method that kept"
-        f" {FLOOR_SHARE:.2f} x max-input tokens per request (the default `target`; the"
-        " whole history while shorter) and never rewrote its prefix would cost"
-        f" {tallies['none'].floor / base:.2f}x.",
+        f" p99 {quantile(times, 0.99):.2f} ms. Cost floor: a method that sent"
+        f" {FLOOR_SHARE:.2f} x max-input of the history's tokens as they are per request"
+        " (the default `target`; the whole history while shorter) and never rewrote its"
+        f" prefix would cost {tallies['none'].floor / base:.2f}x.",
         "",
     ]
     return lines
