@@ -3,14 +3,16 @@
     python -m bench.passthrough --port N --upstream http://127.0.0.1:M/v1
 
 It parses and re-serialises the body with orjson, forwards it with one pooled httpx client
-and returns the upstream's body: the same stack as contextgate (uvicorn, Litestar, httpx)
-without any of its work. The benchmark runs it beside the gateway so the gateway's own cost
-can be told apart from the cost of the extra hop.
+and returns the upstream's body (relayed chunk by chunk when it is an event stream): the
+same stack as contextgate (uvicorn, Litestar, httpx) without any of its work. The
+benchmarks run it beside the gateway, and beside the peers, so the cost of the extra hop
+on this stack can be told apart from the work done on top of it.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ import orjson
 import uvicorn
 from litestar import Litestar, Request, post
 from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
 
 
 def build(upstream: str) -> Litestar:
@@ -36,6 +39,19 @@ def build(upstream: str) -> Litestar:
             client.build_request("POST", "chat/completions", content=body, headers=headers),
             stream=True,
         )
+        media_type = response.headers.get("content-type", "")
+        if media_type.startswith("text/event-stream"):
+
+            async def relayed() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in response.aiter_raw():
+                        yield chunk
+                finally:
+                    await response.aclose()
+
+            return ASGIStreamingResponse(  # Litestar adds the charset
+                iterator=relayed(), status_code=response.status_code, media_type="text/event-stream"
+            )
         content = await response.aread()
         await response.aclose()
         return ASGIResponse(

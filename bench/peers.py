@@ -6,7 +6,9 @@ measured by the same client in the same run.
 Each peer is installed at a pinned release in a virtualenv of its own (``bench/peer_envs``)
 and configured as a plain OpenAI-compatible proxy to the mock (``bench/peers_targets``).
 The mock (``bench/peers_upstream``) is also measured directly: a proxy's *added* latency is
-its latency minus the mock's, both taken in the same round.
+its latency minus the mock's, both taken in the same round. So is a bare relay on
+contextgate's own server stack (``bench/passthrough``): not a peer, but the least any
+gateway built on uvicorn, Litestar and httpx adds, measured beside the others.
 
 1. What each proxy forwards: one request of each size through each proxy; the mock keeps
    the body it received, which is compared with what the client sent.
@@ -52,11 +54,13 @@ from bench.load import read_answer, request_bytes
 from bench.overhead import ROOT, free_port, history
 from bench.peers_report import Figures, Sent, compare, write
 from bench.peers_targets import (
+    BARE,
     KEY,
     MODEL,
     PeakMemory,
     Proxy,
     Running,
+    bare,
     base_env,
     contextgate,
     headroom,
@@ -391,11 +395,12 @@ def main() -> None:
     load_before = os.getloadavg()
     mock_port = free_port()
     upstream = f"http://127.0.0.1:{mock_port}/v1"
-    ports = {name: free_port() for name in ("contextgate", "LiteLLM", "Headroom")}
+    ports = {name: free_port() for name in ("contextgate", "LiteLLM", "Headroom", BARE)}
     proxies = [
         contextgate(ports["contextgate"], upstream),
         litellm(ports["LiteLLM"], upstream),
         headroom(ports["Headroom"], upstream),
+        bare(ports[BARE], upstream),
     ]
     began = time.monotonic()
     with contextlib.ExitStack() as stack:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.peers_targets import Proxy
+from bench.peers_targets import BARE, Proxy
 from bench.report import publish
 from pipelines import TokenCounter
 
@@ -151,12 +151,13 @@ def ratios(
     figures: Figures, latency: dict[str, dict[str, dict[str, float]]] | None = None
 ) -> list[str]:
     """contextgate's added p50 as a share of each peer's, per request kind (of ``latency``:
-    by default the rotating pass's)."""
+    by default the rotating pass's), and the bare stack's beside it: the least any gateway
+    on that stack could get."""
     latency = figures.latency if latency is None else latency
     lines = []
     for sent in figures.sent:
         rows = latency.get(sent.name, {})
-        ours = rows.get("contextgate")
+        ours, floor = rows.get("contextgate"), rows.get(BARE)
         parts = []
         for peer, target in (("LiteLLM", 1 / 5), ("Headroom", 1 / 10)):
             theirs = rows.get(peer)
@@ -165,7 +166,12 @@ def ratios(
                 continue
             share = ours["added_p50"] / theirs["added_p50"]
             verdict = "met" if share <= target else "not met"
-            parts.append(f"{share:.2f} of {peer}'s (target {target:.1f}: {verdict})")
+            least = (
+                ""
+                if floor is None
+                else f", bare stack {floor['added_p50'] / theirs['added_p50']:.2f}"
+            )
+            parts.append(f"{share:.2f} of {peer}'s (target {target:.1f}: {verdict}{least})")
         lines.append(f"- {sent.name}: " + "; ".join(parts))
     return lines
 
@@ -258,7 +264,8 @@ def write(figures: Figures, output: Path | None) -> None:
         *latency_table(figures),
         "",
         "contextgate's added p50 as a share of each peer's (targets: a fifth of LiteLLM's, a"
-        " tenth of Headroom's):",
+        " tenth of Headroom's), with the bare stack's share beside it (the least a gateway"
+        " on contextgate's server stack adds):",
         "",
         *ratios(figures),
         "",

@@ -115,6 +115,26 @@ def contextgate(port: int, upstream: str) -> Proxy:
     )
 
 
+BARE = "bare stack"
+"""The reference target: not a peer, but the floor of contextgate's own server stack."""
+
+
+def bare(port: int, upstream: str) -> Proxy:
+    """``bench/passthrough.py``: uvicorn, Litestar and httpx relaying each request and answer
+    with nothing else done, so the least any gateway on this stack adds."""
+    args = [sys.executable, "-m", "bench.passthrough", "--port", str(port)]
+    return Proxy(
+        BARE,
+        [*args, "--upstream", upstream],
+        base_env(),
+        "/",
+        "—",
+        "`python -m bench.passthrough`: contextgate's server stack (uvicorn with uvloop and"
+        " httptools, Litestar, one pooled httpx client) relaying the body and the answer with"
+        " no other work; not a peer, the least a gateway on this stack adds.",
+    )
+
+
 def litellm(port: int, upstream: str) -> Proxy:
     """LiteLLM's proxy with one model routed to the mock, no database."""
     config = "\n".join(

@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 
 from bench.peers import Payload
-from bench.peers_report import compare
+from bench.peers_report import Figures, Sent, compare, ratios
+from bench.peers_targets import BARE
 from pipelines import TokenCounter
 
 HISTORY: tuple[dict[str, Any], ...] = (
@@ -44,3 +45,23 @@ def test_forwarded_bodies_are_told_apart() -> None:
     assert "null" in compare(sent, {"model": "m", "messages": dropped}, counter)
     shorter = {"model": "m", "messages": list(HISTORY[:1])}
     assert compare(sent, shorter, counter).startswith("messages changed: 3 -> 1 messages")
+
+
+def test_shares_name_the_verdict_and_the_bare_stacks_floor() -> None:
+    """Each request kind's line gives contextgate's share of each peer's added p50, whether
+    it meets its target, and the bare stack's share: the least possible on that stack."""
+    figures = Figures(5, 16, 3.0, 3, [Sent("1 message", 100, 60, False, 1)])
+
+    def added(ms: float) -> dict[str, float]:
+        return {"p50": ms + 0.5, "p99": ms + 1, "added_p50": ms, "added_p99": ms + 0.5}
+
+    figures.latency["1 message"] = {
+        "contextgate": added(1.5),
+        BARE: added(1.2),
+        "LiteLLM": added(6.0),
+        "Headroom": added(30.0),
+    }
+    assert ratios(figures) == [
+        "- 1 message: 0.25 of LiteLLM's (target 0.2: not met, bare stack 0.20);"
+        " 0.05 of Headroom's (target 0.1: met, bare stack 0.04)"
+    ]
