@@ -5,8 +5,8 @@ upstream, the usage the provider reported, and the cuts of the rewrites already 
 Beside it, kept apart so that a request's record write cannot overwrite it, the latest
 checkpoint prepared in the background, and the lock that makes summaries single-flight.
 Losing it costs a cache-cold pass, never content: a conversation without a record is
-treated as new. The in-memory backend here is bounded by count and expires records after
-a day; the Redis backend shares records between replicas.
+treated as new. The in-memory backend here is bounded by count and by size and expires
+records after a day; the Redis backend shares records between replicas.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
+
+import orjson
 
 from pipelines import ConversationState
 
 __all__ = ["ConversationRecords", "MemoryConversations"]
+
+RECORD_BYTES: Final = 1_024
+"""What a record costs in memory besides its checkpoint: its 20 fields, key and index entry
+(926 bytes measured)."""
 
 
 @runtime_checkable
@@ -52,36 +58,74 @@ class ConversationRecords(Protocol):
 
 
 class MemoryConversations:
-    """Records in this process: at most ``max_records``, least recently used dropped
-    first, each kept ``ttl`` seconds after its last write."""
+    """Records in this process: at most ``max_records`` records and as many prepared
+    checkpoints, in at most ``max_bytes`` together, least recently used dropped first, each
+    kept ``ttl`` seconds after its last write.
 
-    __slots__ = ("_checkpoints", "_locks", "_prune_over", "_records", "max_records", "ttl")
+    A record carries the checkpoint its conversation last applied (a summary and the refs
+    of what it stands for, kilobytes), so the count alone does not bound the memory: 100,000
+    summarised conversations would hold a gigabyte or more. A record is counted as
+    ``RECORD_BYTES`` plus twice its checkpoint's JSON (what the parsed objects take), a
+    prepared checkpoint as its bytes plus ``RECORD_BYTES``."""
 
-    def __init__(self, *, max_records: int = 100_000, ttl: float = 86_400.0) -> None:
-        self.max_records, self.ttl = max_records, ttl
-        self._records: OrderedDict[tuple[str, str], tuple[float, ConversationState]] = OrderedDict()
+    __slots__ = (
+        "_bytes",
+        "_checkpoints",
+        "_locks",
+        "_prune_over",
+        "_records",
+        "max_bytes",
+        "max_records",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_records: int = 100_000,
+        max_bytes: int = 256 * 1024 * 1024,
+        ttl: float = 86_400.0,
+    ) -> None:
+        self.max_records, self.max_bytes, self.ttl = max_records, max_bytes, ttl
+        # key -> (expires, record, bytes counted for it)
+        self._records: OrderedDict[tuple[str, str], tuple[float, ConversationState, int]] = (
+            OrderedDict()
+        )
         self._checkpoints: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
+        self._bytes = 0
         self._locks: dict[tuple[str, str], tuple[float, str]] = {}
         self._prune_over = max_records
+
+    @property
+    def size(self) -> int:
+        """Bytes counted for the records and prepared checkpoints held now."""
+        return self._bytes
 
     async def get(self, namespace: str, conversation: str) -> ConversationState | None:
         key = (namespace, conversation)
         found = self._records.get(key)
         if found is None:
             return None
-        expires, state = found
+        expires, state, _ = found
         if expires < time.monotonic():
-            del self._records[key]
+            self._bytes -= self._records.pop(key)[2]
             return None
         self._records.move_to_end(key)
         return state
 
     async def put(self, namespace: str, conversation: str, state: ConversationState) -> None:
         key = (namespace, conversation)
-        self._records[key] = (time.monotonic() + self.ttl, state)
-        self._records.move_to_end(key)
+        size = RECORD_BYTES
+        if state.checkpoint is not None:
+            size += 2 * len(orjson.dumps(state.checkpoint))
+        previous = self._records.pop(key, None)
+        if previous is not None:
+            self._bytes -= previous[2]
+        self._records[key] = (time.monotonic() + self.ttl, state, size)
+        self._bytes += size
         while len(self._records) > self.max_records:
-            self._records.popitem(last=False)
+            self._bytes -= self._records.popitem(last=False)[1][2]
+        self._shrink()
 
     async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
         found = self._checkpoints.get((namespace, conversation))
@@ -89,10 +133,26 @@ class MemoryConversations:
 
     async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
         key = (namespace, conversation)
+        previous = self._checkpoints.pop(key, None)
+        if previous is not None:
+            self._bytes -= len(previous[1]) + RECORD_BYTES
         self._checkpoints[key] = (time.monotonic() + self.ttl, data)
-        self._checkpoints.move_to_end(key)
+        self._bytes += len(data) + RECORD_BYTES
         while len(self._checkpoints) > self.max_records:
-            self._checkpoints.popitem(last=False)
+            self._bytes -= len(self._checkpoints.popitem(last=False)[1][1]) + RECORD_BYTES
+        self._shrink()
+
+    def _shrink(self) -> None:
+        """Within ``max_bytes``: of the least recently used record and the oldest prepared
+        checkpoint, the one written first goes, until it fits (the newest record stays)."""
+        records, checkpoints = self._records, self._checkpoints
+        while self._bytes > self.max_bytes and (checkpoints or len(records) > 1):
+            oldest = next(iter(records.values())) if len(records) > 1 else None
+            prepared = next(iter(checkpoints.values())) if checkpoints else None
+            if prepared is not None and (oldest is None or prepared[0] <= oldest[0]):
+                self._bytes -= len(checkpoints.popitem(last=False)[1][1]) + RECORD_BYTES
+            else:
+                self._bytes -= records.popitem(last=False)[1][2]
 
     async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
         key, now = (namespace, conversation), time.monotonic()

@@ -1,9 +1,14 @@
-"""The in-memory conversation records' summary locks: one holder per conversation, however
-many conversations hold one."""
+"""The in-memory conversation records: summary locks, one holder per conversation however
+many conversations hold one, and the bound on the memory the records take."""
 
 from __future__ import annotations
 
+import os
+import tracemalloc
+
 from gateway.store.conversations import MemoryConversations
+from pipelines import ConversationState
+from pipelines.summary import FIELDS, LIST_FIELDS
 
 
 async def test_locks_hold_past_the_record_bound_without_a_pass_per_call() -> None:
@@ -20,3 +25,50 @@ async def test_locks_hold_past_the_record_bound_without_a_pass_per_call() -> Non
     assert records._locks is kept  # no pass over the 500 for these calls
     await records.unlock("ns", "c0", tokens[0])  # type: ignore[arg-type]
     assert await records.lock("ns", "c0", 60) is not None
+
+
+def summarised(number: int) -> ConversationState:
+    """A record as a summarised conversation leaves it: with the checkpoint it applied
+    (eleven fields of summary, the refs of what it stands for), read back from JSON."""
+    summary = {
+        field: [f"{field} {i} of conversation {number}: {os.urandom(30).hex()}" for i in range(4)]
+        if field in LIST_FIELDS
+        else f"{field} of conversation {number}: {os.urandom(100).hex()}"
+        for field in FIELDS
+    }
+    checkpoint = {
+        "start": 3,
+        "end": 40,
+        "chain": os.urandom(16).hex(),
+        "summary": summary,
+        "refs": [f"ctx_{os.urandom(12).hex()}" for _ in range(12)],
+        "cut": 41,
+        "made": {"model": "gpt-4o-mini", "attempts": 1},
+        "kept": [5, 9],
+        "index": f"ctx_{os.urandom(12).hex()}",
+    }
+    state = ConversationState(last_seen=1.0, calls=3, seen=40, checkpoint=checkpoint)
+    return ConversationState.from_json(state.to_json())
+
+
+async def test_summarised_records_take_no_more_memory_than_the_bound() -> None:
+    """Records carry the checkpoint their conversation applied (about 10 KB here), so the
+    count bound alone let 100,000 of them take a gigabyte: the byte bound holds the memory
+    they take under it, dropping the least recently used, while the newest stay."""
+    bound = 4_000_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        records = MemoryConversations(max_bytes=bound)
+        for number in range(2_000):
+            await records.put("ns", f"c{number}", summarised(number))
+            await records.keep_checkpoint("ns", f"c{number}", os.urandom(2_000))
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert used <= bound
+    assert records.size <= bound
+    assert await records.get("ns", "c1999") is not None
+    assert await records.checkpoint("ns", "c1999") is not None
+    assert await records.get("ns", "c0") is None
+    assert 100 < len(records) < 2_000
