@@ -60,11 +60,6 @@ def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def client(port: int) -> redis.Redis:
-    """A plain client of one process, every call bounded."""
-    return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
-
-
 class _Processes:
     """redis-server processes started from configuration files in one temporary directory."""
 
@@ -72,6 +67,18 @@ class _Processes:
         self.binary = _binary()
         self.dir = Path(tempfile.mkdtemp(prefix="cg-redis-"))
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._clients: dict[int, redis.Redis] = {}
+
+    def client(self, port: int) -> redis.Redis:
+        """A plain client of one server, every call bounded: one per port, closed by
+        ``stop`` (clients left to the garbage collector close their sockets whenever it
+        runs, and a socket it finds open is a warning in whichever test is running)."""
+        found = self._clients.get(port)
+        if found is None:
+            found = self._clients[port] = redis.Redis(
+                port=port, socket_timeout=2, socket_connect_timeout=2
+            )
+        return found
 
     def start(self, port: int, config: str, *args: str) -> None:
         path = self.dir / f"{port}.conf"
@@ -86,7 +93,7 @@ class _Processes:
         )
 
     def ping(self, port: int) -> None:
-        wait_for(lambda: bool(client(port).ping()), _BOOT_SECONDS, f"redis on port {port}")
+        wait_for(lambda: bool(self.client(port).ping()), _BOOT_SECONDS, f"redis on port {port}")
 
     def log(self, port: int, lines: int = 20) -> str:
         """The last ``lines`` of a server's log, to say why it did not get ready."""
@@ -95,6 +102,8 @@ class _Processes:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
+        for found in self._clients.values():
+            found.close()
         for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)
@@ -118,6 +127,9 @@ class SentinelDeployment:
     @property
     def url(self) -> str:
         return f"redis+sentinel://127.0.0.1:{self.sentinel}/{SERVICE}/0"
+
+    def client(self, port: int) -> redis.Redis:
+        return self._processes.client(port)
 
     def start(self) -> None:
         # The replica is started once the primary answers: a replica that finds the port
@@ -143,11 +155,11 @@ class SentinelDeployment:
         wait_for(self._sentinel_sees_replica, _BOOT_SECONDS, "the sentinel to see the replica")
 
     def _replica_in_sync(self) -> bool:
-        info = client(self.replica).info("replication")
+        info = self.client(self.replica).info("replication")
         return info.get("master_link_status") == "up"
 
     def _sentinel_sees_replica(self) -> bool:
-        replicas = client(self.sentinel).sentinel_slaves(SERVICE)
+        replicas = self.client(self.sentinel).sentinel_slaves(SERVICE)
         return any(
             r["port"] == self.replica and not r["is_sdown"] and not r["is_disconnected"]
             for r in replicas
@@ -155,20 +167,29 @@ class SentinelDeployment:
 
     def primary_port(self) -> int:
         """The port of the primary, as the sentinel names it."""
-        _, port = client(self.sentinel).sentinel_get_master_addr_by_name(SERVICE)
+        _, port = self.client(self.sentinel).sentinel_get_master_addr_by_name(SERVICE)
         return int(port)
 
     def fail_over(self, seconds: float = 20.0) -> int:
-        """Once the replica has what the primary acknowledged (``WAIT``), have the
-        sentinel promote it, and wait until the old primary has been turned into its
-        replica (the sentinel does that some seconds later, closing its clients'
-        connections); the new primary's port."""
+        """Once the replica has everything the primary has written, have the sentinel
+        promote it, and wait until the old primary has been turned into its replica (the
+        sentinel does that some seconds later, closing its clients' connections); the new
+        primary's port."""
         old = self.primary_port()
-        acknowledged = client(old).execute_command("WAIT", 1, 5_000)
-        assert acknowledged == 1, "the replica did not acknowledge the writes"
-        # Refused (NOGOODSLAVE) until the sentinel has pinged the replica: ask again.
+        # Compared by offsets rather than with WAIT, which waits only for the writes as of
+        # its own connection's last write or, with none, its connection's start: a client
+        # connected before the gateway wrote would be told the replica has them at once.
+        replica = self.client(self.replica if old == self.primary else self.primary)
+        written = self.client(old).info("replication")["master_repl_offset"]
         wait_for(
-            lambda: bool(client(self.sentinel).execute_command("SENTINEL", "FAILOVER", SERVICE)),
+            lambda: replica.info("replication")["slave_repl_offset"] >= written,
+            seconds,
+            "the replica to have the primary's writes",
+        )
+        # Refused (NOGOODSLAVE) until the sentinel has pinged the replica: ask again.
+        sentinel = self.client(self.sentinel)
+        wait_for(
+            lambda: bool(sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)),
             seconds,
             "the sentinel to accept the failover",
         )
@@ -176,8 +197,8 @@ class SentinelDeployment:
         new = self.primary_port()
         wait_for(
             lambda: (
-                client(new).info("replication")["role"] == "master"
-                and client(old).info("replication")["role"] == "slave"
+                self.client(new).info("replication")["role"] == "master"
+                and self.client(old).info("replication")["role"] == "slave"
             ),
             seconds,
             "the old primary to become a replica",
@@ -196,6 +217,9 @@ class ClusterDeployment:
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:2])
+
+    def client(self, port: int) -> redis.Redis:
+        return self._processes.client(port)
 
     def start(self) -> None:
         for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
@@ -224,7 +248,7 @@ class ClusterDeployment:
 
     def _ready(self) -> bool:
         return all(
-            client(port).execute_command("CLUSTER", "INFO").decode().count("cluster_state:ok")
+            self.client(port).execute_command("CLUSTER", "INFO").decode().count("cluster_state:ok")
             for port in self.ports
         )
 
@@ -239,7 +263,7 @@ class ClusterDeployment:
     def keys_by_node(self, pattern: str) -> dict[int, int]:
         """How many keys matching ``pattern`` each node holds."""
         return {
-            port: sum(1 for _ in client(port).scan_iter(pattern, count=1_000))
+            port: sum(1 for _ in self.client(port).scan_iter(pattern, count=1_000))
             for port in self.ports
         }
 

@@ -25,7 +25,6 @@ from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 from tests.redis_topologies import (
     ClusterDeployment,
     SentinelDeployment,
-    client,
     cluster_deployment,
     sentinel_deployment,
 )
@@ -229,7 +228,7 @@ def test_offloads_and_restores_go_on_after_a_sentinel_failover(upstream: MockUps
 
         eventually(offloaded_after)
         assert restore(gateway, refs[-1]).content == after.encode()
-        assert len(client(new).keys("cg:o:*")) == 2
+        assert len(deployment.client(new).keys("cg:o:*")) == 2
         # The new primary may lack the old one's last writes: what the gateway knew it
         # had stored is forgotten (confirmed again when resent), only the new object known.
         backend = gateway.app.state.gateway.stores.redis
