@@ -108,7 +108,7 @@ class MemoryConversations:
             return None
         expires, state, _ = found
         if expires < time.monotonic():
-            self._bytes -= self._records.pop(key)[2]
+            self._drop_record(key)
             return None
         self._records.move_to_end(key)
         return state
@@ -118,13 +118,11 @@ class MemoryConversations:
         size = RECORD_BYTES
         if state.checkpoint is not None:
             size += 2 * len(orjson.dumps(state.checkpoint))
-        previous = self._records.pop(key, None)
-        if previous is not None:
-            self._bytes -= previous[2]
+        self._drop_record(key)
         self._records[key] = (time.monotonic() + self.ttl, state, size)
         self._bytes += size
         while len(self._records) > self.max_records:
-            self._bytes -= self._records.popitem(last=False)[1][2]
+            self._drop_record()
         self._shrink()
 
     async def checkpoint(self, namespace: str, conversation: str) -> bytes | None:
@@ -133,13 +131,11 @@ class MemoryConversations:
 
     async def keep_checkpoint(self, namespace: str, conversation: str, data: bytes) -> None:
         key = (namespace, conversation)
-        previous = self._checkpoints.pop(key, None)
-        if previous is not None:
-            self._bytes -= len(previous[1]) + RECORD_BYTES
+        self._drop_checkpoint(key)
         self._checkpoints[key] = (time.monotonic() + self.ttl, data)
         self._bytes += len(data) + RECORD_BYTES
         while len(self._checkpoints) > self.max_records:
-            self._bytes -= len(self._checkpoints.popitem(last=False)[1][1]) + RECORD_BYTES
+            self._drop_checkpoint()
         self._shrink()
 
     def _shrink(self) -> None:
@@ -150,9 +146,23 @@ class MemoryConversations:
             oldest = next(iter(records.values())) if len(records) > 1 else None
             prepared = next(iter(checkpoints.values())) if checkpoints else None
             if prepared is not None and (oldest is None or prepared[0] <= oldest[0]):
-                self._bytes -= len(checkpoints.popitem(last=False)[1][1]) + RECORD_BYTES
+                self._drop_checkpoint()
             else:
-                self._bytes -= records.popitem(last=False)[1][2]
+                self._drop_record()
+
+    def _drop_record(self, key: tuple[str, str] | None = None) -> None:
+        """Forget the record of ``key`` (default: the least recently used one)."""
+        if key is None:
+            self._bytes -= self._records.popitem(last=False)[1][2]
+        elif (found := self._records.pop(key, None)) is not None:
+            self._bytes -= found[2]
+
+    def _drop_checkpoint(self, key: tuple[str, str] | None = None) -> None:
+        """Forget the prepared checkpoint of ``key`` (default: the oldest one)."""
+        if key is None:
+            self._bytes -= len(self._checkpoints.popitem(last=False)[1][1]) + RECORD_BYTES
+        elif (found := self._checkpoints.pop(key, None)) is not None:
+            self._bytes -= len(found[1]) + RECORD_BYTES
 
     async def lock(self, namespace: str, conversation: str, seconds: float) -> str | None:
         key, now = (namespace, conversation), time.monotonic()

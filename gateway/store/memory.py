@@ -13,13 +13,14 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Final
 
 from gateway.store.refs import make_ref
 from pipelines import StoreError
 
 __all__ = ["ENTRY_BYTES", "MemoryStore"]
 
-ENTRY_BYTES = 640
+ENTRY_BYTES: Final = 640
 """Memory an object costs besides its bytes, counted against ``max_bytes``: its ref, key
 and value tuples, its index entry and up to two expiry-heap entries (504 bytes measured
 with one). A store of small objects would otherwise use several times its bound: 80-byte
