@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from pipelines.conversation import Conversation
 from pipelines.messages import Message, iter_parts
@@ -38,6 +38,8 @@ Deferred = Callable[[Callable[[], object]], None]
 """Runs a job on a worker thread in the background (the pipeline owns the task)."""
 
 _Miss = tuple[Message, CacheKey]
+_Counted = tuple[tuple[Message, ...], list[Any] | None]
+"""What a total is of: a conversation's messages and tools (held, so their ids stay theirs)."""
 
 
 class ConversationTokens:
@@ -51,8 +53,9 @@ class ConversationTokens:
         # id -> count; holding the messages (in _held) keeps their ids from being reused.
         self._seen: dict[int, int] = {}
         self._held: list[Message] = []
-        # id -> (conversation, total): stages ask again about the conversation they got.
-        self._totals: dict[int, tuple[Conversation, int]] = {}
+        # (id of the messages, id of the tools) -> (both, total): stages ask again about the
+        # conversation they got, and one that set another field has the same total.
+        self._totals: dict[tuple[int, int], tuple[_Counted, int]] = {}
         self.exact = True
         """False when some counts of this request are estimates."""
         self.keys: list[CacheKey] | None = None
@@ -98,25 +101,26 @@ class ConversationTokens:
     def __call__(self, conversation: Conversation, *, only_seen: bool = False) -> int:
         """Tokens of ``conversation``; messages not seen before in this request are counted
         (exactly) now, unless ``only_seen``."""
+        messages, tools = conversation.messages, conversation.tools
         if not only_seen:
-            memo = self._totals.get(id(conversation))
+            memo = self._totals.get((id(messages), id(tools)))
             if memo is not None:
                 return memo[1]
-        messages = conversation.messages
         found = list(map(self._seen.get, map(id, messages)))
         if None in found:
             for index, tokens in enumerate(found):
                 if tokens is None:
                     found[index] = 0 if only_seen else self.message(messages[index])
-        total = REPLY_PRIMING + self._counter.count_tools(conversation.tools) + sum(found)  # type: ignore[arg-type]
+        total = REPLY_PRIMING + self._counter.count_tools(tools) + sum(found)  # type: ignore[arg-type]
         if not only_seen:
-            self._totals[id(conversation)] = (conversation, total)
+            self._totals[id(messages), id(tools)] = ((messages, tools), total)
         return total
 
     def remember(self, conversation: Conversation, total: int) -> None:
         """Record the total of a conversation the caller derived from one already counted
         (by the messages it replaced and the ones it added)."""
-        self._totals[id(conversation)] = (conversation, total)
+        messages, tools = conversation.messages, conversation.tools
+        self._totals[id(messages), id(tools)] = ((messages, tools), total)
 
     def message(self, message: Message) -> int:
         """Tokens of one message of this request."""

@@ -58,6 +58,9 @@ class Filter:
         rewritten = list(conversation.messages)
         refs: list[str] = []
         kept_without_store = failures = compacted = compacted_saving = 0
+        # The rewritten conversation's total is counted from this one's, message by message
+        # replaced: counting it afresh would be another pass over the whole history.
+        total = ctx.tokens(conversation)
         for index, message in enumerate(conversation.messages):
             if message.get("role") != "tool":
                 continue
@@ -88,13 +91,16 @@ class Filter:
                         tokens = ctx.tokens.message(message)
                         shown = self._preview(text, min(self.preview_chars, limit * 2))
                         header = _header(text, tokens, ref)
-                        rewritten[index] = {**message, "content": header + "\n" + shown}
+                        rewritten[index] = offloaded = {**message, "content": header + "\n" + shown}
+                        total += ctx.tokens.message(offloaded) - tokens
                         continue
             if sent is not message:
                 rewritten[index] = sent
                 ctx.reencode(sent, message)
                 compacted += 1
-                compacted_saving += ctx.tokens.message(message) - ctx.tokens.message(sent)
+                saving = ctx.tokens.message(message) - ctx.tokens.message(sent)
+                compacted_saving += saving
+                total -= saving
         ctx.record(
             outputs_offloaded=len(refs),
             refs=refs,
@@ -105,7 +111,9 @@ class Filter:
         )
         if not refs and not compacted:
             return conversation
-        return conversation.with_messages(rewritten)
+        result = conversation.with_messages(rewritten)
+        ctx.tokens.remember(result, total)
+        return result
 
     def _compacted(self, message: Message) -> Message:
         """``message`` with its output (each text part of it) as compact JSON where that

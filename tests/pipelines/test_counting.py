@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines import Pipeline, Policy
-from pipelines.counting import THREADED_MEASURE_CHARS
+from pipelines import Pipeline, Policy, TokenCounter
+from pipelines.conversation import Conversation
+from pipelines.counting import THREADED_MEASURE_CHARS, ConversationTokens
 
 
 def long_history(tag: str, turns: int = 60) -> list[dict[str, Any]]:
@@ -73,3 +74,20 @@ async def test_lower_trigger_lowers_the_estimate_ceiling() -> None:
     assert not loose.report.exact
     assert strict.report.exact
     await pipeline.settled()
+
+
+async def test_a_conversation_with_other_fields_set_keeps_its_total_and_other_tools_do_not() -> (
+    None
+):
+    """A stage that sets a field (a cache key) leaves the total as it was; one that changes
+    the tools gets the tools' tokens counted again."""
+    counter = TokenCounter()
+    tokens = ConversationTokens(counter)
+    messages = [{"role": "user", "content": "Find flights to SFO"}]
+    received = Conversation.from_request({"model": "gpt-4o", "messages": messages})
+    before = await tokens.first(received, threshold=100_000)
+    assert tokens(received.with_fields(prompt_cache_key="k")) == before
+    tool = {"type": "function", "function": {"name": "search", "parameters": {}}}
+    tooled = received.with_fields(tools=[tool])
+    assert tokens(tooled) == before + counter.count_tools([tool])
+    assert tokens(tooled.with_fields(prompt_cache_key="k")) == tokens(tooled)

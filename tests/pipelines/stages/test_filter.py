@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.store import MemoryStore
-from pipelines import Pipeline, Policy
+from pipelines import Pipeline, Policy, TokenCounter
 from pipelines.compact_json import compact_json
 from pipelines.stages.filter import Filter
 from tests.pipelines.stages.conftest import FailingStore
@@ -93,14 +93,16 @@ async def test_output_kept_when_it_cannot_be_stored() -> None:
 
 async def test_real_traces_with_a_low_limit() -> None:
     """On the tau-bench traces with filter-tokens=300, every tool output over the limit is
-    replaced, every replacement's ref restores its original, and nothing else changes but
-    JSON outputs sent as compact JSON."""
+    replaced, every replacement's ref restores its original, nothing else changes but
+    JSON outputs sent as compact JSON, and the tokens reported are those of what is sent."""
     store = MemoryStore()
+    counter = TokenCounter()
     trajectories = json.loads(TRACES.read_text())
     replaced = 0
     for trajectory in trajectories[:40]:
         messages = trajectory["traj"]
         result = await compact(messages, store, filter_tokens=300)
+        assert result.report.tokens_after == counter.count_messages(result.request["messages"])
         for before, after in zip(messages, result.request["messages"], strict=True):
             if before == after:
                 continue
