@@ -247,16 +247,37 @@ def _fitting(text: str, budget: int, counter: TokenCounter) -> str:
     return text[:size]
 
 
+_PART_KEYS: Final = frozenset(
+    {"type", "source", "file", "title", "context", "citations", "cache_control"}
+)
+"""Keys a stored media part may have besides its type-named payload (those of Anthropic's
+image and document blocks, and a marker)."""
+_PAYLOADS: Final = ("source", "file")
+"""Keys that hold a part's payload whatever its type."""
+
+
 def _media_part(content: bytes) -> dict[str, Any] | None:
-    """The media part stored in ``content`` (the media stage stores each part's JSON)."""
-    if not content.startswith(b"{") or b'"type"' not in content[:4096]:
+    """The media part stored in ``content`` (the media stage stores each part's JSON), or
+    ``None`` for anything else.
+
+    A part is an object of a media type (``MEDIA_PARTS``) with its payload, in the form the
+    request carried it: OpenAI's under a key named after the type (``image_url``,
+    ``input_audio``, ``file``), Anthropic's under ``source`` (``image``, ``document``
+    blocks), or a ``file`` object; and with no key a content part lacks, so that a tool's
+    JSON output that merely has such a ``type`` comes back as the text it is."""
+    # "type" is looked for anywhere: a part's keys may come in any order, the payload first.
+    if not content.startswith(b"{") or b'"type"' not in content:
         return None
     try:
         part = orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in MEDIA_PARTS and kind in part and len(part) <= 3:
+    if kind not in MEDIA_PARTS or not set(part) <= _PART_KEYS | {kind}:
+        return None
+    if isinstance(part.get(kind), dict | str) or any(
+        isinstance(part.get(k), dict) for k in _PAYLOADS
+    ):
         return part  # type: ignore[no-any-return]
     return None
 

@@ -1,8 +1,9 @@
 """A summarizer that asks an OpenAI-compatible upstream for the structured summary.
 
 It sends the prompt of ``pipelines.summary`` with the provider's structured-output mode
-(``response_format`` with the summary's JSON Schema, strict); a provider that refuses that
-parameter is asked again without it, and remembered. Each answer is parsed and audited: an
+(``response_format`` with the summary's JSON Schema, strict); a provider that refuses a
+request with it (a 400 that is not a context overflow) is asked again without it, and
+remembered when that is answered. Each answer is parsed and audited: an
 invalid one, or one keeping under 30% of the key entities of what it replaces, is retried,
 at most ``attempts`` times in all, and the best valid attempt is kept. The whole call is
 bounded by ``timeout``. Anything else (no valid answer, an error status, the deadline) is a
@@ -145,10 +146,14 @@ class UpstreamSummarizer:
         if structured:
             body["response_format"] = _RESPONSE_FORMAT
         status, answer = await self._post(body)
-        if status == 400 and structured and b"response_format" in answer:
-            self._plain.add(model)
+        if status == 400 and structured and not is_context_overflow(status, answer):
+            # Providers word their refusal of structured output in their own terms
+            # (``response_format``, Anthropic's ``output_config``, a model without it):
+            # asked again plainly, and remembered when that is answered.
             del body["response_format"]
             status, answer = await self._post(body)
+            if status == 200:
+                self._plain.add(model)
         if is_context_overflow(status, answer):
             raise SummaryOverflow(f"the summary model's window was exceeded ({status})")
         if status in _CALLERS_FAULT:

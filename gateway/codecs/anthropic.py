@@ -11,10 +11,16 @@ The mapping:
 - system and developer messages -> ``system`` (text blocks, in order, every key of a
   text part kept); every other message keeps its place.
 - user content: text parts -> text blocks (every key kept); ``image_url`` parts -> image
-  blocks (a data URL becomes a base64 source, any other URL a url source); a part of a
-  type OpenAI does not have (``document``, ``search_result``, ... as the inbound
+  blocks (a data URL becomes a base64 source, any other URL a url source); ``file`` parts
+  whose ``file_data`` is a base64 data URL -> document blocks (a PDF as a base64 source,
+  plain text as a text source; the ``filename`` as the ``title``); a part of a type
+  OpenAI does not have (``document``, ``search_result``, ... as the inbound
   ``/v1/messages`` codec carries them) is an Anthropic block already and goes as it is;
-  the other OpenAI part types (audio, files, refusals) cannot be expressed and are left out.
+  ``refusal`` parts (an assistant's own earlier refusal) -> text blocks. What Claude cannot
+  be given (``input_audio``, a ``file`` by OpenAI Files API ``file_id`` or of another
+  media type) is a 400 ``unsupported_content`` naming the part (``messages[i].content[j]``),
+  never left out: the model would answer without it and the client would not know. Tool
+  results and the media restored by ``context_restore`` go through the same conversion.
 - assistant: ``thinking_blocks`` (``thinking`` with its signature, ``redacted_thinking``
   with its data) first, as they came (less the ``index`` of a streamed entry), then the
   content's blocks, then each tool call as a
@@ -35,7 +41,27 @@ The mapping:
   ``disable_parallel_tool_use``.
 - ``max_completion_tokens`` or ``max_tokens`` -> ``max_tokens`` (required by the API: the
   given default when absent); ``stop`` -> ``stop_sequences``; ``temperature``, ``top_p``,
-  ``stream``; ``user`` or ``metadata.user_id`` -> ``metadata.user_id``.
+  ``stream``, and ``top_k`` (Claude's own sampling field, which clients send through
+  OpenAI-compatible gateways) when it is an integer; ``user``, ``safety_identifier`` or
+  ``metadata.user_id`` -> ``metadata.user_id`` (Anthropic's end-user id for abuse
+  detection); ``service_tier`` auto/priority/fast -> ``auto`` (priority capacity when the
+  account has it), default -> ``standard_only``.
+- ``response_format``: ``text`` is the default; ``json_schema`` -> ``output_config.format``
+  (Claude's structured output, ``{"type": "json_schema", "schema": ...}``; the schema's
+  ``name`` and ``strict`` have no place there and output is always held to the schema);
+  ``json_object`` (JSON without a schema, which Claude's structured output cannot express)
+  or any other type is a 400 ``unsupported_parameter``.
+- refused with a 400 ``unsupported_parameter`` naming the field, since the client relies
+  on what it asks for and would not get it: ``n`` over 1, the legacy ``functions`` and
+  ``function_call`` (send ``tools``), audio output (``audio``, ``modalities`` beyond
+  text) and ``web_search_options`` (give Claude Anthropic's web search tool in ``tools``).
+- dropped, having no Anthropic equivalent and only tuning sampling or OpenAI's platform:
+  the sampling nudges ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, ``seed``;
+  ``logprobs``/``top_logprobs`` (the answer's ``logprobs`` is null, which shows it);
+  ``verbosity``; OpenAI platform settings ``store``, ``prediction``, ``moderation``,
+  ``prompt_cache_key``, ``prompt_cache_options``, ``prompt_cache_retention`` (the
+  ``cache_markers`` stage places Claude's cache breakpoints instead); ``service_tier``
+  flex/scale; ``stream_options`` (read by the provider for the usage chunk).
 
 Answers: text blocks joined into ``content``; ``tool_use`` -> ``tool_calls`` (arguments
 as JSON; a call cut off by the token limit keeps the partial text it got); thinking
@@ -48,6 +74,8 @@ cache reads and writes folded into ``prompt_tokens`` and the reads reported as
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -81,27 +109,43 @@ TOOL_USE_KEYS: Final = ("cache_control", "caller", "toolset_name")
 TOOL_RESULT_KEYS: Final = ("is_error", "toolset_name")
 """Keys of a ``tool_result`` block that its tool message carries as they are (its
 ``cache_control`` is the message-level marker)."""
-_DATA_URL: Final = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)", re.S)
+_DATA_URL: Final = re.compile(
+    r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?:;[\w.+-]+=[^;,]*)*;base64,(?P<data>.*)", re.S
+)
+"""A base64 data URL, its parameters (``charset=utf-8``, ``name=...``) skipped."""
 THINKING_BUDGETS: Final = {"minimal": 1_024, "low": 1_024, "medium": 2_048, "high": 4_096}
 """OpenAI's ``reasoning_effort`` as Claude's thinking budget (LiteLLM's mapping, so that
 clients moving from it get what they had)."""
+SERVICE_TIERS: Final = {
+    "auto": "auto",
+    "priority": "auto",
+    "fast": "auto",
+    "default": "standard_only",
+}
+"""OpenAI's ``service_tier`` as Anthropic's (``auto`` uses priority capacity when the
+account has it); flex and scale have no equivalent."""
+REFUSED_FIELDS: Final = {
+    "functions": "the legacy functions field is not supported here; send tools instead",
+    "function_call": "the legacy function_call field is not supported here; send tool_choice",
+    "audio": "Claude does not answer with audio",
+    "web_search_options": (
+        "web_search_options is OpenAI's; give Claude Anthropic's web search server tool"
+        ' in tools (e.g. {"type": "web_search_20250305", "name": "web_search"})'
+    ),
+}
+"""Request fields a client relies on that Claude cannot honour: a 400, not a silent drop."""
 
 
 def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
     """The Messages API request for OpenAI chat request ``body``; ``InvalidRequest`` for
     what cannot be expressed there (a tool call whose arguments are not a JSON object,
     several choices)."""
-    choices = body.get("n")
-    if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
-        raise InvalidRequest(
-            f"n={choices}: Claude answers with one choice; ask n times for more.",
-            code="unsupported_parameter",
-            param="n",
-        )
+    _refuse_unsupported(body)
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
-    for message in body.get("messages", ()):
+    for index, message in enumerate(body.get("messages", ())):
         role = message.get("role")
+        where = f"messages[{index}].content"
         if role in ("system", "developer"):
             system.extend(_marked(_text_blocks(message.get("content")), message))
         elif role == "tool":
@@ -110,13 +154,13 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
                 "tool_use_id": message.get("tool_call_id"),
             }
             if message.get("content") is not None:
-                block.update(_result_content(message["content"]))
+                block.update(_result_content(message["content"], where))
             block.update({key: message[key] for key in TOOL_RESULT_KEYS if key in message})
             _append(turns, "user", _marked([block], message))
         elif role == "assistant":
-            _append(turns, "assistant", _marked(_assistant_blocks(message), message))
+            _append(turns, "assistant", _marked(_assistant_blocks(message, where), message))
         else:
-            _append(turns, "user", _marked(_blocks(message.get("content")), message))
+            _append(turns, "user", _marked(_blocks(message.get("content"), where), message))
     # The API refuses empty turns (an assistant answer that was empty, a user message of
     # parts it cannot carry): they are left out, their neighbours joined.
     turns = _joined([t for t in turns if t["content"]])
@@ -132,6 +176,17 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     for name in ("temperature", "top_p", "stream"):
         if body.get(name) is not None:
             request[name] = body[name]
+    if body.get("cache_control"):  # automatic caching (``cache_markers`` counts it)
+        request["cache_control"] = body["cache_control"]
+    top_k = body.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool):
+        request["top_k"] = top_k
+    tier = SERVICE_TIERS.get(str(body.get("service_tier")))
+    if tier is not None:
+        request["service_tier"] = tier
+    output_format = _output_format(body.get("response_format"))
+    if output_format is not None:
+        request["output_config"] = {"format": output_format}
     stop = body.get("stop")
     if stop:
         request["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
@@ -141,7 +196,11 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         request["tool_choice"] = choice
-    user = body.get("user") or (body.get("metadata") or {}).get("user_id")
+    user = (
+        body.get("user")
+        or body.get("safety_identifier")
+        or (body.get("metadata") or {}).get("user_id")
+    )
     if isinstance(user, str) and user:
         request["metadata"] = {"user_id": user}
     thinking = _thinking(body)
@@ -152,6 +211,55 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
             # The API wants room for the answer beyond the thinking budget.
             request["max_tokens"] += budget
     return request
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    """``InvalidRequest`` when ``body`` asks for what Claude cannot do and the client
+    would rely on: several choices, legacy functions, audio output, OpenAI's web search."""
+    choices = body.get("n")
+    if isinstance(choices, int) and not isinstance(choices, bool) and choices > 1:
+        raise InvalidRequest(
+            f"n={choices}: Claude answers with one choice; ask n times for more.",
+            code="unsupported_parameter",
+            param="n",
+        )
+    for name, why in REFUSED_FIELDS.items():
+        if body.get(name) is not None:
+            raise InvalidRequest(f"{name}: {why}.", code="unsupported_parameter", param=name)
+    modalities = body.get("modalities")
+    if isinstance(modalities, list) and any(m != "text" for m in modalities):
+        raise InvalidRequest(
+            f"modalities={modalities}: Claude answers with text only.",
+            code="unsupported_parameter",
+            param="modalities",
+        )
+
+
+def _output_format(response_format: Any) -> dict[str, Any] | None:
+    """Claude's ``output_config.format`` for OpenAI ``response_format``; ``None`` for
+    plain text, ``InvalidRequest`` for a format Claude's structured output cannot give."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise InvalidRequest(
+                "response_format.json_schema.schema: Claude's structured output needs the"
+                " JSON Schema of the answer.",
+                code="unsupported_parameter",
+                param="response_format.json_schema.schema",
+            )
+        return {"type": "json_schema", "schema": dict(schema)}
+    raise InvalidRequest(
+        f"response_format {kind!r}: Claude's structured output needs a JSON Schema; send"
+        ' {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}.',
+        code="unsupported_parameter",
+        param="response_format",
+    )
 
 
 def _thinking(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -204,11 +312,12 @@ def _text_blocks(content: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """The blocks for a message's ``content`` (found at ``where``, for errors)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
-    for part in content or ():
+    for index, part in enumerate(content or ()):
         if not isinstance(part, Mapping):
             continue
         kind = part.get("type")
@@ -216,8 +325,16 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
             blocks.append(image_block(part))
         elif kind == "text":
             blocks.extend(_text_blocks([part]))
+        elif kind == "file":
+            blocks.append(_document_block(part, where=f"{where}[{index}]"))
+        elif kind == "refusal":
+            refusal = part.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                blocks.append({"type": "text", "text": refusal})
         elif kind not in OPENAI_PARTS:
             blocks.append(dict(part))
+        else:
+            raise _unsupported(f"{where}[{index}]", f"Claude does not take {kind} parts")
     return blocks
 
 
@@ -237,12 +354,59 @@ def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _result_content(content: Any) -> dict[str, Any]:
+def _document_block(part: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """The document block for OpenAI ``file`` part ``part`` (found at ``where``): a PDF
+    data URL as a base64 source, a plain-text one as a text source. ``InvalidRequest``
+    for a file Claude cannot be given so: one named by a Files API ``file_id`` (OpenAI's
+    ids mean nothing to Anthropic), or of another media type."""
+    file = part.get("file")
+    file = file if isinstance(file, Mapping) else {}
+    data = file.get("file_data")
+    found = _DATA_URL.fullmatch(data) if isinstance(data, str) else None
+    if found is None:
+        raise _unsupported(
+            where,
+            "Claude takes a file as its content, a base64 data URL in file.file_data"
+            " (data:application/pdf;base64,...), not by an uploaded file's file_id",
+        )
+    media_type = found["type"].lower()
+    source: dict[str, Any]
+    if media_type == "application/pdf":
+        source = {"type": "base64", "media_type": media_type, "data": found["data"]}
+    elif media_type == "text/plain":
+        source = {"type": "text", "media_type": media_type, "data": _text_of(found["data"], where)}
+    else:
+        raise _unsupported(where, f"Claude reads PDF and plain-text files, not {media_type}")
+    block: dict[str, Any] = {"type": "document", "source": source}
+    filename = file.get("filename")
+    if isinstance(filename, str) and filename:
+        block["title"] = filename
+    if "cache_control" in part:
+        block["cache_control"] = part["cache_control"]
+    return block
+
+
+def _text_of(data: str, where: str) -> str:
+    try:
+        return base64.b64decode(data, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidRequest(
+            f"{where}: the file's data is not base64 of UTF-8 text.",
+            code="invalid_value",
+            param=where,
+        ) from exc
+
+
+def _unsupported(where: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{where}: {why}.", code="unsupported_content", param=where)
+
+
+def _result_content(content: Any, where: str) -> dict[str, Any]:
     """A ``tool_result``'s ``content``, and its ``cache_control``: the API takes none
     inside the content (``invalid_cache``), so the last marker there marks the result."""
     if isinstance(content, str):
         return {"content": content}
-    blocks = _blocks(content)
+    blocks = _blocks(content, where)
     marker = _last_marker(blocks)
     if marker is None:
         return {"content": blocks}
@@ -264,11 +428,11 @@ def _last_marker(value: Any) -> Any:
     return found
 
 
-def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _assistant_blocks(message: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
     blocks = [
         _thinking_block(b) for b in message.get("thinking_blocks") or () if isinstance(b, Mapping)
     ]
-    blocks.extend(_blocks(message.get("content")))
+    blocks.extend(_blocks(message.get("content"), where))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
         arguments = function.get("arguments") or "{}"

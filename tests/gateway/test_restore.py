@@ -1,17 +1,23 @@
-"""Answering one restore call: whole when small, in line ranges when large, and clear
-answers for bad arguments, unknown refs and an unavailable store."""
+"""Answering one restore call: whole when small, in line ranges when large, media as the
+part it was (OpenAI or Anthropic form), and clear answers for bad arguments, unknown refs
+and an unavailable store."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import anthropic
 import orjson
 import pytest
 
+from gateway.codecs.anthropic import to_messages
 from gateway.restore import RESTORE_TOKENS, Restorer, add_usage, with_restore_tool
 from gateway.store import MemoryStore
-from pipelines import StoreError, TokenCounter
+from pipelines import Pipeline, Policy, StoreError, TokenCounter
+from pipelines.stages.media import Media
+from tests.harness import GatewayServer
+from tests.mock_upstream import JSONReply, MockUpstream, Received, Reply
 from tests.pipelines.stages.conftest import FailingStore
 
 BIG = "".join(
@@ -147,3 +153,124 @@ async def test_a_restored_image_is_given_back_as_an_image() -> None:
     assert "follows in the next message" in messages[0]["content"]
     assert messages[1]["role"] == "user"
     assert messages[1]["content"][1] == part
+
+
+PDF = "JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PC9UeXBlL0NhdGFsb2cvUGFnZXMgMiAwIFI+PgplbmRvYmoK" * 20
+DOCUMENT = {
+    "type": "document",
+    "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+    "title": "spec.pdf",
+    "citations": {"enabled": True},
+}
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+    "rkJggg=="
+)
+
+
+def screenshot(text: str) -> dict[str, Any]:
+    """A user message carrying an Anthropic-form image and ``text``."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}
+    return {"role": "user", "content": [image, {"type": "text", "text": text}]}
+
+
+async def test_an_offloaded_pdf_document_is_restored_as_a_document() -> None:
+    """A PDF the media stage took out of an older message comes back, when restored, as
+    the document block it was (in the turn Claude is asked with), not as its JSON."""
+    store = MemoryStore()
+    messages = [
+        {"role": "user", "content": [DOCUMENT, {"type": "text", "text": "Here is the spec."}]},
+        {"role": "assistant", "content": "Got it."},
+        screenshot("Screenshot 1."),
+        {"role": "assistant", "content": "Ok."},
+        screenshot("Screenshot 2; what did page 1 of the spec say?"),
+    ]
+    request = {"model": "claude-sonnet-4", "messages": messages}
+    result = await Pipeline(stages=[Media()], store=store).compact(request, policy=Policy())
+    placeholder = result.request["messages"][0]["content"][0]["text"]
+    found = re.search(r"ctx_[A-Za-z0-9_-]{22,}", placeholder)
+    assert found is not None
+    restorer = Restorer(store, "", TokenCounter())
+    answers = await restorer.answer_all([call(ref=found.group())])
+    assert "is a document part" in answers[0]["content"]
+    assert answers[1]["content"][1] == DOCUMENT
+    turn = to_messages({"messages": answers})["messages"][0]["content"]
+    assert turn[-1] == DOCUMENT
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+        # The payload before the type, and longer than a first glance at the bytes.
+        {"source": {"data": PDF * 10, "media_type": "application/pdf", "type": "base64"}}
+        | {"type": "document", "cache_control": {"type": "ephemeral"}},
+        {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{PDF}"}},
+    ],
+)
+async def test_a_stored_media_part_in_either_form_is_restored_as_media(
+    part: dict[str, Any],
+) -> None:
+    """Anthropic image and document blocks and OpenAI file parts, whatever the order of
+    their keys, come back as the part, not as text."""
+    restorer, ref = await restorer_with(orjson.dumps(part).decode())
+    messages = await restorer.answer_all([call(ref=ref)])
+    assert messages[1]["content"][1] == part
+
+
+async def test_a_tool_output_that_only_looks_like_a_document_comes_back_as_text() -> None:
+    """A search tool's JSON result with a ``document`` type is text the model reads."""
+    hit = '{"type": "document", "source": "wikipedia", "title": "Oslo", "text": "Oslo is..."}'
+    restorer, ref = await restorer_with(hit)
+    messages = await restorer.answer_all([call(ref=ref)])
+    assert messages == [{"role": "tool", "tool_call_id": "r1", "content": hit}]
+
+
+async def test_a_pdf_offloaded_on_the_messages_route_reaches_claude_again_on_restore(
+    anthropic_gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Through the gateway: the anthropic SDK sends a PDF and two newer screenshots, the
+    PDF goes out as a placeholder with a ref, and the model's restore call gets the PDF
+    back as a document block."""
+    refs: list[str] = []
+
+    def model(received: Received) -> Reply:
+        if not refs:
+            found = re.search(r"ctx_[A-Za-z0-9_-]{22,}", received.body.decode())
+            assert found is not None
+            refs.append(found.group())
+            restore = {"type": "tool_use", "id": "toolu_r", "name": "context_restore"}
+            content = [{**restore, "input": {"ref": refs[0]}}]
+            return JSONReply({**ANSWER, "content": content, "stop_reason": "tool_use"})
+        return JSONReply(ANSWER)
+
+    upstream.handler = model
+    messages = [
+        {"role": "user", "content": [DOCUMENT, {"type": "text", "text": "Here is the spec."}]},
+        {"role": "assistant", "content": "Got it."},
+        screenshot("Screenshot 1."),
+        {"role": "assistant", "content": "Ok."},
+        screenshot("Screenshot 2; what did page 1 of the spec say?"),
+    ]
+    with anthropic.Anthropic(base_url=anthropic_gateway.url, api_key="k", max_retries=0) as sdk:
+        answer = sdk.messages.create(
+            model="claude-sonnet-4-6",
+            max_tokens=500,
+            messages=messages,  # type: ignore[arg-type]
+        )
+    assert answer.content[0].text == "Page 1: scope."  # type: ignore[union-attr]
+    first, second = (r.json() for r in upstream.received)
+    assert PDF not in orjson.dumps(first).decode()
+    assert second["messages"][-1]["content"][-1] == DOCUMENT
+
+
+ANSWER: dict[str, Any] = {
+    "id": "msg_01",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-6",
+    "content": [{"type": "text", "text": "Page 1: scope."}],
+    "stop_reason": "end_turn",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 20, "output_tokens": 6},
+}

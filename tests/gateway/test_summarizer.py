@@ -100,6 +100,22 @@ async def test_a_provider_without_structured_output_is_asked_plainly(
     assert "response_format" not in upstream.received[1].json()
 
 
+async def test_a_refusal_in_other_words_is_also_asked_plainly(upstream: MockUpstream) -> None:
+    """A provider that refuses structured output in its own terms (Anthropic's
+    ``output_config``, for a Claude model without it) still gets its summary asked for."""
+    refusal = {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "output_config.format: this model does not support structured outputs",
+        },
+    }
+    upstream.push(JSONReply(refusal, status=400), answering(GOOD))
+    summary = await run(upstream)
+    assert summary.fields == GOOD
+    assert "response_format" not in upstream.received[1].json()
+
+
 async def test_a_slow_model_is_cut_off_at_the_deadline(upstream: MockUpstream) -> None:
     upstream.push(JSONReply(chat_completion(orjson.dumps(GOOD).decode()), delay=2.0))
     with pytest.raises(SummaryFailed, match=r"within 0\.3 s"):

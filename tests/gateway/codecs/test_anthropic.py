@@ -5,18 +5,22 @@ chat completions an OpenAI client expects."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 
 from bench.compaction import requests_of
 from gateway.codecs.anthropic import Accumulator, ChunkTranslator, from_message, to_messages
 from gateway.errors import InvalidRequest
-from tests.mock_upstream import MockUpstream, SSEReply
+from tests.gateway.codecs.anthropic_params import assert_valid_params
+from tests.harness import GatewayServer
+from tests.mock_upstream import JSONReply, MockUpstream, SSEReply
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACES = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
@@ -628,11 +632,7 @@ def test_anthropic_blocks_keys_and_tools_in_a_chat_request_pass_through() -> Non
             "messages": [
                 {
                     "role": "user",
-                    "content": [
-                        cited,
-                        document,
-                        {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}},
-                    ],
+                    "content": [cited, document],
                 },
                 {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c1", "content": [document], "is_error": True},
@@ -671,3 +671,223 @@ def test_anthropic_blocks_keys_and_tools_in_a_chat_request_pass_through() -> Non
         },
         server_tool,
     ]
+
+
+PDF = "JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PC9UeXBlL0NhdGFsb2cvUGFnZXMgMiAwIFI+PgplbmRvYmoK"
+PDF_PART: dict[str, Any] = {
+    "type": "file",
+    "file": {"filename": "spec.pdf", "file_data": f"data:application/pdf;base64,{PDF}"},
+    "cache_control": EPHEMERAL,
+}
+PDF_BLOCK: dict[str, Any] = {
+    "type": "document",
+    "source": {"type": "base64", "media_type": "application/pdf", "data": PDF},
+    "title": "spec.pdf",
+    "cache_control": EPHEMERAL,
+}
+HI = {"role": "user", "content": "Hi"}
+READ_CALL = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+ANSWER = {
+    "id": "msg_03",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-4-20250514",
+    "content": [{"type": "text", "text": "Sunny."}],
+    "stop_reason": "end_turn",
+    "usage": {"input_tokens": 20, "output_tokens": 2},
+}
+
+
+def with_content(content: Any, *, result: Any = "ok") -> dict[str, Any]:
+    """A chat request: a user message, a tool call answered with ``result`` (message
+    2), then a user message of ``content`` (message 3)."""
+    return {
+        "model": "claude-sonnet-4",
+        "messages": [
+            HI,
+            {"role": "assistant", "content": None, "tool_calls": [READ_CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": result},
+            {"role": "user", "content": content},
+        ],
+    }
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_a_pdf_or_text_file_part_reaches_claude_as_a_document() -> None:
+    """A PDF sent as an OpenAI file part (in a user message or a tool result) is a
+    document Claude reads, titled with its filename and with its cache marker; a
+    plain-text file is a text document: the model sees them, not silence."""
+    notes = "Gate B12 closes at 07:40.\n"
+    text_part = {
+        "type": "file",
+        "file": {"file_data": "data:text/plain;charset=utf-8;base64," + b64(notes.encode())},
+    }
+    content = [PDF_PART, text_part, {"type": "text", "text": "Summarize both."}]
+    request = to_messages(with_content(content, result=[PDF_PART]))
+    assert_valid_params(request)
+    result, pdf, text, _ = request["messages"][2]["content"]
+    assert result["content"] == [{k: v for k, v in PDF_BLOCK.items() if k != "cache_control"}]
+    assert result["cache_control"] == EPHEMERAL
+    assert pdf == PDF_BLOCK
+    assert text == {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": notes},
+    }
+
+
+@pytest.mark.parametrize(
+    ("part", "says"),
+    [
+        ({"type": "file", "file": {"file_id": "file-abc123"}}, "file_id"),
+        ({"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}, "input_audio"),
+        (
+            {"type": "file", "file": {"file_data": "data:image/png;base64,iVBORw0K"}},
+            "not image/png",
+        ),
+    ],
+)
+def test_a_part_claude_cannot_take_is_a_400_naming_it(part: dict[str, Any], says: str) -> None:
+    """An audio part, or a file given by an uploaded file's id, in a user message or a
+    tool result, is refused with the part's path instead of being left out of what the
+    model sees."""
+    listen = {"type": "text", "text": "Listen."}
+    for index, body in (
+        (3, with_content([listen, part])),
+        (2, with_content("Go on.", result=[listen, part])),
+    ):
+        with pytest.raises(InvalidRequest, match=says) as caught:
+            to_messages(body)
+        assert (caught.value.code, caught.value.param) == (
+            "unsupported_content",
+            f"messages[{index}].content[1]",
+        )
+
+
+def test_a_text_file_that_is_not_base64_text_is_a_400() -> None:
+    """A plain-text file whose data does not decode is refused, not a server error."""
+    broken = {"type": "file", "file": {"file_data": "data:text/plain;base64,@@@"}}
+    with pytest.raises(InvalidRequest) as caught:
+        to_messages(with_content([broken]))
+    assert (caught.value.code, caught.value.param) == ("invalid_value", "messages[3].content[0]")
+
+
+def test_an_earlier_refusal_stays_in_the_history_as_text() -> None:
+    """An assistant refusal part sent back in the history is what the assistant said:
+    Claude sees it as text."""
+    refused = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}
+    request = to_messages({"model": "claude-sonnet-4", "messages": [HI, refused, HI]})
+    assert request["messages"][1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "I can't."}],
+    }
+
+
+def test_automatic_caching_asked_in_a_chat_request_reaches_claude() -> None:
+    """A top-level ``cache_control`` (Claude's automatic caching, which the cache_markers
+    stage counts as one of the four breakpoints) is sent on as the client gave it."""
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    body = {"model": "claude-sonnet-4", "messages": [HI], "cache_control": hour}
+    request = to_messages(body)
+    assert request["cache_control"] == hour
+    assert "cache_control" not in to_messages({**body, "cache_control": None})
+
+
+def test_claude_fields_sent_in_a_chat_request_reach_claude() -> None:
+    """``top_k`` (an integer), ``safety_identifier`` and ``service_tier`` reach Claude in
+    its own terms; a ``top_k`` that is not an integer is not sent."""
+    body = {
+        "model": "claude-sonnet-4",
+        "messages": [HI],
+        "top_k": 5,
+        "safety_identifier": "user-7f3a",
+        "service_tier": "default",
+    }
+    request = to_messages(body)
+    assert (request["top_k"], request["metadata"], request["service_tier"]) == (
+        5,
+        {"user_id": "user-7f3a"},
+        "standard_only",
+    )
+    assert_valid_params(request)
+    for odd in ("5", True, 5.5):
+        assert "top_k" not in to_messages({**body, "top_k": odd})
+    assert to_messages({**body, "service_tier": "auto"})["service_tier"] == "auto"
+    assert "service_tier" not in to_messages({**body, "service_tier": "flex"})
+
+
+def test_a_json_schema_response_format_is_claudes_structured_output() -> None:
+    """A JSON Schema answer format becomes Claude's ``output_config.format`` (valid for
+    the anthropic SDK's types), so the answer is held to the schema; plain text asks
+    for nothing."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "place", "strict": True, "schema": schema},
+    }
+    body = {"model": "claude-sonnet-4", "messages": [HI], "response_format": response_format}
+    request = to_messages(body)
+    assert request["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+    assert_valid_params(request)
+    assert "output_config" not in to_messages({**body, "response_format": {"type": "text"}})
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"n": 2}, "n"),
+    ],
+)
+def test_what_claude_cannot_honour_is_a_400_not_a_silent_drop(
+    fields: dict[str, Any], param: str
+) -> None:
+    """A request field the client relies on and Claude cannot honour (JSON without a
+    schema, legacy functions, audio output, OpenAI's web search) is refused naming it."""
+    with pytest.raises(InvalidRequest) as caught:
+        to_messages({"model": "claude-sonnet-4", "messages": [HI], **fields})
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", param)
+
+
+def test_an_openai_client_gets_the_pdf_to_claude_and_a_400_for_audio(
+    anthropic_gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Through the gateway, the OpenAI SDK's PDF file part reaches Anthropic as a
+    document; an audio part is a 400 naming the part and nothing goes upstream."""
+    upstream.push(JSONReply(ANSWER))
+    audio: Any = {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}
+    pdf: Any = {k: v for k, v in PDF_PART.items() if k != "cache_control"}
+    with openai.OpenAI(
+        base_url=anthropic_gateway.base_url, api_key="sk-ant-mine", max_retries=0
+    ) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="claude-sonnet-4", messages=[{"role": "user", "content": [audio]}]
+            )
+        assert upstream.received == []
+        error = caught.value.body
+        assert isinstance(error, dict)
+        assert (error["code"], error["param"]) == ("unsupported_content", "messages[0].content[0]")
+        answer = client.chat.completions.create(
+            model="claude-sonnet-4",
+            messages=[{"role": "user", "content": [pdf, {"type": "text", "text": "Sum up."}]}],
+        )
+    assert answer.choices[0].message.content == "Sunny."
+    sent = upstream.received[0].json()["messages"][0]["content"]
+    assert sent[0] == {k: v for k, v in PDF_BLOCK.items() if k != "cache_control"}
