@@ -77,12 +77,13 @@ def without_markers(value: Any) -> Any:
     return value
 
 
-def cache_ttl(messages: Sequence[Message], ttl: int) -> int:
+def cache_ttl(messages: Sequence[Message], ttl: int, automatic: Any = None) -> int:
     """Seconds the provider keeps the newest cache entry of a conversation whose family
     keeps entries ``ttl`` seconds: an hour when the client marked its newest message with
-    ``ttl: "1h"`` (no breakpoint is placed after it, so every entry the request reads or
-    writes lives an hour), else ``ttl``."""
-    if messages and _hour_marked(messages[-1]):
+    ``ttl: "1h"``, or asked for 1-hour automatic caching (``automatic``, a top-level
+    ``cache_control``, which marks the newest block) (no breakpoint is placed after it, so
+    every entry the request reads or writes lives an hour), else ``ttl``."""
+    if (messages and _hour_marked(messages[-1])) or _hour_marked({"cache_control": automatic}):
         return max(ttl, HOUR_TTL)
     return ttl
 

@@ -155,7 +155,7 @@ class Pipeline:
             state = None
         ttl = info.cache_ttl
         if info.family == "anthropic":
-            ttl = cache_ttl(received.messages, ttl)
+            ttl = cache_ttl(received.messages, ttl, received.get("cache_control"))
         cold, report.cache = cache_status(state, ttl=ttl, now=time.time() if now is None else now)
         if diverged:
             report.cache = "diverged"

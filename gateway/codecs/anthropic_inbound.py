@@ -27,8 +27,9 @@ Messages -> chat:
   (and any tool the way back would not give again) as they are.
 - ``max_tokens``, ``temperature``, ``top_p``, ``stream`` by name; ``stop_sequences`` ->
   ``stop`` and ``tool_choice`` -> its chat form (``disable_parallel_tool_use`` ->
-  ``parallel_tool_calls: false``), both also kept in ``native``; every other field, and
-  an empty ``system`` or ``tools``, -> ``native``.
+  ``parallel_tool_calls: false``), and ``cache_control`` (automatic caching, one of the
+  four breakpoints the ``cache_markers`` stage counts) as it is, all three also kept in
+  ``native``; every other field, and an empty ``system`` or ``tools``, -> ``native``.
 
 So ``to_request`` gives back every valid request, in this canonical form: a string
 ``content`` or ``system`` is one text block (the API's documented shorthand); consecutive
@@ -118,6 +119,8 @@ def from_request(body: Mapping[str, Any]) -> InboundRequest:
             native[key] = value
             if key == "stop_sequences" and value:
                 chat["stop"] = list(value)
+            elif key == "cache_control" and value:
+                chat["cache_control"] = value
             elif key == "tool_choice":
                 chat.update(_tool_choice(value))
     return InboundRequest(chat, native)
@@ -283,7 +286,11 @@ def openai_request(chat: Mapping[str, Any]) -> dict[str, Any]:
     them (OpenAI takes images from users only), and usage asked for when streaming (the
     Messages stream ends with it). A content list left empty becomes ``""`` (``null`` for
     an assistant)."""
-    request = {key: value for key, value in chat.items() if key not in ("messages", "tools")}
+    request = {
+        key: value
+        for key, value in chat.items()
+        if key not in ("messages", "tools") and key not in _ANTHROPIC_KEYS
+    }
     request["messages"] = _openai_messages(chat.get("messages") or ())
     tools = [
         {"type": "function", "function": tool.get("function")}

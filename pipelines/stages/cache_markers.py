@@ -32,6 +32,13 @@ content becomes one text part; a thinking or empty text part takes none), as Das
 takes them over the OpenAI wire. The client's markers count wherever they are, nested
 blocks included (a search result's text, a document's content).
 
+Anthropic's automatic caching, a top-level ``cache_control``, is one of the client's
+markers: the API puts it on the last block that can carry one, so it sits on the newest
+message the rolling breakpoint would mark, with its TTL. It takes the rolling breakpoint's
+place (none is added there), and a 1-hour one leaves no place for the stage's 5-minute
+ones. The codecs must send it on as the client gave it: the inbound ``/v1/messages``
+codec keeps it in the chat request for this stage and sends it back from ``native``.
+
 **OpenAI** caches automatically (prompts of 1,024 tokens and more); the stage sets a
 ``prompt_cache_key`` per conversation (a hash of the namespace and the conversation's
 identity) on requests that long unless the client set one, so that the conversation's
@@ -48,7 +55,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from pipelines.cache_break import Fingerprints, fingerprint, predicted_break
 from pipelines.conversation import Conversation
@@ -64,6 +71,19 @@ LOOKBACK: Final = 20
 """Blocks before a breakpoint where the providers still look for a cached prefix."""
 _SYSTEM_ROLES: Final = ("system", "developer")
 _THINKING: Final = ("thinking", "redacted_thinking")
+
+
+class _ClientMarker(NamedTuple):
+    """A breakpoint the client placed."""
+
+    site: int | None
+    """The site it occupies (``None`` for a tool other than the last one)."""
+    key: tuple[int, int]
+    """Where it sits in the prompt (``_Prompt.key``)."""
+    hour: bool
+    """Whether it is a 1-hour one."""
+    automatic: bool = False
+    """Whether it is the top-level one, which moves to the newest block every turn."""
 
 
 def cache_key(namespace: str, conversation: str) -> str:
@@ -107,7 +127,8 @@ class CacheMarkers:
         messages = conversation.messages
         tools = conversation.tools or []
         prompt = _Prompt(messages, tools, ctx, anthropic=anthropic)
-        client = prompt.client_markers()
+        automatic = conversation.get("cache_control") if anthropic else None
+        client = prompt.client_markers(automatic)
         candidates = [
             (prompt.rolling(), "rolling"),
             (prompt.prefix(), "prefix"),
@@ -115,8 +136,8 @@ class CacheMarkers:
             (prompt.find(ctx.boundary), "compaction"),
         ]
         free = self.max_breakpoints - len(client)
-        occupied = {site for site, _, _ in client if site is not None}
-        latest_hour = max((key for _, key, hour in client if hour), default=None)
+        occupied = {marker.site for marker in client if marker.site is not None}
+        latest_hour = max((marker.key for marker in client if marker.hour), default=None)
         taken: list[tuple[int, str]] = []
         skipped: list[dict[str, Any]] = []
         for site, why in candidates:
@@ -179,13 +200,16 @@ class CacheMarkers:
         prompt: _Prompt,
         site: int,
         taken: list[tuple[int, str]],
-        client: list[tuple[int | None, tuple[int, int], bool]],
+        client: list[_ClientMarker],
     ) -> bool:
         """Whether a breakpoint at ``site`` has ``min_tokens`` since the breakpoint before
-        it, and leaves as many to the next one already taken other than the rolling one."""
+        it, and leaves as many to the next one already taken other than the rolling one
+        (or the client's automatic one, which is where the rolling one would be)."""
         key, tokens = prompt.key(site), prompt.tokens(site)
         marks = [(prompt.key(s), prompt.tokens(s), why) for s, why in taken]
-        marks += [(k, prompt.tokens_at(k), "client") for _, k, _ in client]
+        marks += [
+            (m.key, prompt.tokens_at(m.key), "rolling" if m.automatic else "client") for m in client
+        ]
         before = max((t for k, t, _ in marks if k < key), default=0)
         after = min((t for k, t, why in marks if k > key and why != "rolling"), default=None)
         return tokens - before >= self.min_tokens and (
@@ -256,16 +280,17 @@ class _Prompt:
             return self._ctx.counter.count_tools(self.tools[: key[1] + 1])
         return self._prefix[site]
 
-    def client_markers(self) -> list[tuple[int | None, tuple[int, int], bool]]:
-        """The client's markers: the site each occupies (``None`` for a tool other than the
-        last one), where it sits, and whether it is a 1-hour one."""
-        found: list[tuple[int | None, tuple[int, int], bool]] = []
+    def client_markers(self, automatic: Any = None) -> list[_ClientMarker]:
+        """The client's markers: those on its tools and messages, and ``automatic``, its
+        top-level ``cache_control`` if any, where the API puts it (the last block that
+        can carry one)."""
+        found: list[_ClientMarker] = []
         last = len(self.tools) - 1
         for index, tool in enumerate(self.tools):
             marker = tool.get("cache_control") if isinstance(tool, dict) else None
             if marker:
                 site = TOOLS if index == last else None
-                found.append((site, (self._key[TOOLS], index), _is_hour(marker)))
+                found.append(_ClientMarker(site, (self._key[TOOLS], index), _is_hour(marker)))
         for index, message in enumerate(self.messages):
             # Most messages are a string and nothing else: looked at no further.
             if (
@@ -273,7 +298,17 @@ class _Prompt:
                 or type(message.get("content")) is list
                 or message.get("tool_calls")
             ):
-                found.extend((index, self.key(index), _is_hour(m)) for m in _markers(message))
+                found.extend(
+                    _ClientMarker(index, self.key(index), _is_hour(m)) for m in _markers(message)
+                )
+        if automatic:
+            site = self.rolling()
+            if site is None and self.tools:
+                site = TOOLS
+            if site is not None:
+                # Counted even where the client marked that block too: one slot fewer for
+                # the stage beats a fifth breakpoint, which the API refuses.
+                found.append(_ClientMarker(site, self.key(site), _is_hour(automatic), True))
         return found
 
     def markable(self, index: int) -> bool:

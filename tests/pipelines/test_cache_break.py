@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pipelines import BREAK_CAUSES, observed_break
-from pipelines.cache_break import Fingerprints, fingerprint, predicted_break, without_markers
+from pipelines.cache_break import (
+    Fingerprints,
+    cache_ttl,
+    fingerprint,
+    predicted_break,
+    without_markers,
+)
 
 MARK = {"type": "ephemeral"}
 
@@ -80,3 +86,14 @@ def test_observed_break_needs_a_drop_of_5_percent_and_2000_tokens(
     """Cache reads must fall by more than 5% and by at least 2,000 tokens to be a break;
     unknown figures are none."""
     assert observed_break(previous, now) is broke
+
+
+def test_an_hour_of_automatic_caching_keeps_the_cache_an_hour() -> None:
+    """A top-level ``ttl: "1h"`` cache_control (automatic caching, on the newest block) makes
+    the conversation's cache last an hour, as a 1-hour marker on its newest message does."""
+    messages = [{"role": "user", "content": "Hello"}]
+    assert cache_ttl(messages, 300) == 300
+    assert cache_ttl(messages, 300, {"type": "ephemeral", "ttl": "1h"}) == 3_600
+    assert cache_ttl(messages, 300, MARK) == 300
+    marked = [{"role": "user", "content": "Hello", "cache_control": {**MARK, "ttl": "1h"}}]
+    assert cache_ttl(marked, 300) == 3_600

@@ -651,6 +651,7 @@ OPTIONAL_FIELDS = st.fixed_dictionaries(
         "top_p": st.floats(0, 1),
         "top_k": st.integers(1, 500),
         "stop_sequences": st.lists(TEXT, max_size=4),
+        "cache_control": CACHE,
         "stream": st.booleans(),
         "service_tier": st.sampled_from(["auto", "standard_only"]),
         "x_future_field": JSON,
@@ -773,6 +774,18 @@ def test_any_request_becomes_one_the_openai_spec_accepts(request: dict[str, Any]
     chat request with nothing only Anthropic understands."""
     sent = openai_request(from_request(request).chat)
     assert anthropic_leftovers(sent) == []
+    assert_valid_request(sent)
+
+
+def test_automatic_caching_reaches_the_pipeline_and_only_an_anthropic_upstream() -> None:
+    """A top-level ``cache_control`` is in the chat request, where the cache_markers stage
+    counts it; an Anthropic upstream gets it as sent, an OpenAI-compatible one none."""
+    request = {**REQUEST, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    split = from_request(request)
+    assert split.chat["cache_control"] == request["cache_control"]
+    assert round_trip(request) == request
+    sent = openai_request(split.chat)
+    assert "cache_control" not in sent
     assert_valid_request(sent)
 
 

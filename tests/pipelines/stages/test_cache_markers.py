@@ -161,6 +161,49 @@ async def test_no_marker_goes_before_a_clients_one_hour_marker() -> None:
     } in details(result)["skipped"]
 
 
+async def test_automatic_caching_counts_towards_the_four() -> None:
+    """Claude, a top-level ``cache_control`` (automatic caching) and three client markers:
+    the automatic one is the fourth breakpoint, so the stage adds none."""
+    messages = history()
+    for index in (0, 1, 5):
+        messages[index] = {**messages[index], "cache_control": MARK}
+    result = await run(messages, cache_control=MARK)
+    assert not result.changed
+    assert result.request["messages"] == messages
+    assert details(result)["client_markers"] == 4
+    assert {"why": "rolling", "at": len(messages) - 1, "skipped": "the client marked it"} in (
+        details(result)["skipped"]
+    )
+
+
+async def test_no_marker_goes_before_or_on_a_one_hour_automatic_marker() -> None:
+    """Claude, automatic caching for an hour: it sits on the newest message, so the stage
+    adds no 5-minute breakpoint, neither on the system prompt nor on that message."""
+    messages = history()
+    result = await run(messages, cache_control=HOUR)
+    assert not result.changed
+    assert marked(result.request["messages"]) == []
+    assert result.request["cache_control"] == HOUR
+    assert details(result)["skipped"] == [
+        {"why": "rolling", "at": len(messages) - 1, "skipped": "the client marked it"},
+        {"why": "prefix", "at": 0, "skipped": "before a client's 1-hour breakpoint"},
+    ]
+
+
+async def test_a_five_minute_automatic_marker_takes_the_rolling_breakpoints_place() -> None:
+    """Claude, automatic caching for 5 minutes: the newest message is not marked again,
+    the system prompt still is (however short the conversation after it); Qwen, which has
+    no automatic caching, gets its rolling marker as ever."""
+    messages = history()
+    result = await run(messages, cache_control=MARK)
+    out = result.request["messages"]
+    assert marked(out) == [0]
+    assert out[0] == {**messages[0], "cache_control": MARK}
+    assert details(result)["markers"] == [{"at": 0, "why": "prefix"}]
+    qwen = await run(messages, QWEN, cache_control=MARK)
+    assert marked(qwen.request["messages"]) == [0, len(messages) - 1]
+
+
 async def test_qwen_markers_go_on_the_last_content_part() -> None:
     """Qwen/DashScope: the marker is on the message's last content part, a string content
     becoming one text part; a list keeps its other parts."""
