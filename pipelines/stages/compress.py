@@ -9,12 +9,15 @@ each a function of the messages before a point, never of the ones after it:
    earlier one is replaced by a note naming the earlier call and a ref to the content.
 2. **Cut** (from ``trigger``): the compactable span starts after the anchor and ends at a
    *cut*. Cuts sit on a fixed grid: the first group boundary after each multiple of
-   ``(trigger - target) x budget`` tokens of the raw span. The stage takes the first grid
-   cut that brings the request under ``trigger``; as the history grows the cut stays put,
-   and the next one is only taken after another grid step of growth, which leaves the
-   request near ``target`` again. So compaction events are rare and between them the
-   outgoing prefix does not change. A cut that would save less than the room left under
-   the budget (clamped to 500-3,000 tokens) is not taken while the request fits.
+   ``(trigger - target) x budget`` tokens of the raw span, or, when no grid cut is enough,
+   the last group before the protected tail. The stage takes the first grid cut that
+   brings the request under ``trigger``. As the history grows the cut stays put: the
+   previous request's cut (the conversation's record) is applied again, on the grid or
+   not, while the request fits under ``trigger`` with it, and the next one is only taken
+   after that much growth, which leaves the request near ``target`` again. So compaction
+   events are rare and between them the outgoing prefix does not change. A cut that would
+   save less than the room left under the budget (clamped to 500-3,000 tokens), compared
+   with the previous cut (or with no cut), is not taken while the request fits.
 3. **Span**: inside the span, user messages are kept whole, final answers are kept (long
    ones shortened) while they fit the span's share of the budget, oldest dropped first, and
    tool-call groups and interim assistant text are removed; each removed run becomes one
@@ -36,6 +39,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import Any, Final
 
 import orjson
@@ -283,10 +287,11 @@ class Compress:
 
     async def _reuse(self, conversation: Conversation, ctx: StageContext) -> Conversation | None:
         """The previous request's cut applied again, when this request continues it and
-        the full computation would choose the same cut (checked: the same messages before
-        it, the same signature, the latest user message after it, the result under
-        ``trigger``; earlier cuts only grow with the history, so they still fail). The
-        output is then what the full computation gives, without recomputing it."""
+        the full computation would choose the same cut (checked: no other cut went out
+        since, the same messages before it, the same signature, the latest user message
+        after it, the result under ``trigger``; earlier cuts only grow with the history, so
+        they still fail). The output is then what the full computation gives, without
+        recomputing it."""
         key = self._memo_key(ctx)
         memo = self._memos.get(key) if key is not None else None
         keys = ctx.tokens.keys
@@ -294,6 +299,9 @@ class Compress:
             return None
         messages = conversation.messages
         cut = memo.cut
+        if ctx.cut("compacted_cut") not in (0, cut):
+            # Another cut went out since: the full computation keeps that one while it fits.
+            return None
         # The message right after the cut too: whether the last assistant text before it
         # counts as a final answer depends on what follows it.
         if len(keys) != len(messages) or len(messages) <= cut or keys[: cut + 1] != memo.keys:
@@ -393,27 +401,43 @@ class Compress:
             return conversation
         step = max(1, int((ctx.policy.trigger - ctx.policy.target) * budget))
         limit = ctx.policy.trigger * budget
-        cumulative, boundary = 0, 1
         start_tokens = ctx.tokens(conversation)
-        best, best_tokens, best_cut, best_grid = conversation, start_tokens, 0, False
         # Candidates share most of their notes and shortened answers: made once each.
         made: dict[tuple[int, int], Message] = {}
         span_start = span_groups[0].start
+        ends = [g.end for g in span_groups]
+        raw = list(accumulate(sum(size(m) for m in messages[g.start : g.end]) for g in span_groups))
+        grid = [now // step > before // step for before, now in pairwise([0, *raw])]
         # The previous request's cut is rendered as it was then: the messages protected
         # then (a latest user message since followed by another) stay protected at it.
         previous = ctx.cut("compacted_cut")
         state_pins = ctx.state.compacted_pins if ctx.state is not None else ()
         held = protection.indices | frozenset(i for i in state_pins if i < previous)
+        kept, kept_tokens = conversation, start_tokens
+        if previous in ends:
+            at = ends.index(previous)
+            kept = await self._compact_span(conversation, span_groups[: at + 1], held, ctx, made)
+            kept_tokens = ctx.tokens(kept)
+
+        def stay() -> Conversation:
+            """The previous request's cut applied again; with none, nothing cut."""
+            if kept is conversation:
+                return conversation
+            return self._recorded(kept, previous, span_start, held, grid[at], ctx)
+
+        if kept_tokens <= limit:
+            # The cut stays put while the request fits under ``trigger`` with it, wherever
+            # it sits: moving it is a compaction event, which breaks the cached prefix.
+            return stay()
 
         def protected_at(cut: int) -> frozenset[int]:
             return held if cut == previous else protection.indices
 
+        best, best_tokens, best_cut, best_grid = conversation, start_tokens, 0, False
         for position, group in enumerate(span_groups):
-            cumulative += sum(size(m) for m in messages[group.start : group.end])
-            if cumulative < boundary * step and position < len(span_groups) - 1:
+            on_grid = grid[position]
+            if not on_grid and position < len(span_groups) - 1:
                 continue
-            on_grid = cumulative >= boundary * step
-            boundary = cumulative // step + 1
             candidate = await self._compact_span(
                 conversation, span_groups[: position + 1], protected_at(group.end), ctx, made
             )
@@ -421,39 +445,47 @@ class Compress:
             new_span = candidate.messages[
                 span_start : len(candidate.messages) - (len(messages) - group.end)
             ]
-            tokens = start_tokens - cumulative + sum(size(m) for m in new_span)
+            tokens = start_tokens - raw[position] + sum(size(m) for m in new_span)
             ctx.tokens.remember(candidate, tokens)
             if tokens < best_tokens:
                 best, best_tokens, best_cut, best_grid = candidate, tokens, group.end, on_grid
             if tokens <= limit:
                 break
-        if best is conversation:
-            return conversation
-        saving = start_tokens - best_tokens
-        minimum = min(MAX_MIN_SAVING, max(MIN_SAVING_FLOOR, budget - start_tokens))
-        if saving < minimum and start_tokens <= budget:
+        if best_cut == previous or best_tokens >= kept_tokens:
+            return stay()
+        # A move is weighed against what goes out without it: the previous cut, if any.
+        saving = kept_tokens - best_tokens
+        minimum = min(MAX_MIN_SAVING, max(MIN_SAVING_FLOOR, budget - kept_tokens))
+        if saving < minimum and kept_tokens <= budget:
             # Not worth breaking the cached prefix for; the next turns will save more.
             ctx.record(skipped_saving=saving, minimum_saving=minimum)
-            return conversation
-        ends = [g.end for g in span_groups]
-        if best_cut != previous and previous in ends:
+            return stay()
+        if kept is not conversation:
             # A compaction event: moving the cut from where the previous request had it.
             # When such moves keep saving little, the previous cut is kept instead
             # (anti-thrashing), while the request stays under ``emergency``.
-            groups = span_groups[: ends.index(previous) + 1]
-            kept = await self._compact_span(conversation, groups, held, ctx, made)
-            kept_tokens = ctx.tokens(kept)
             thin = kept_tokens - best_tokens < THIN_SAVING * start_tokens
             thin_before = ctx.cut("thin_compactions")
             if thin and thin_before >= THIN_EVENTS and kept_tokens <= ctx.policy.emergency * budget:
-                ctx.record(cut=previous, span_start=groups[0].start, grid=False, anti_thrash=True)
-                ctx.carry["compacted_pins"] = sorted(i for i in held if span_start <= i < previous)
-                return kept
+                ctx.record(anti_thrash=True)
+                return stay()
             ctx.carry["thin_compactions"] = thin_before + 1 if thin else 0
-        ctx.record(cut=best_cut, span_start=span_groups[0].start, grid=best_grid)
-        pins = protected_at(best_cut)
-        ctx.carry["compacted_pins"] = sorted(i for i in pins if span_start <= i < best_cut)
-        return best
+        return self._recorded(best, best_cut, span_start, protected_at(best_cut), best_grid, ctx)
+
+    @staticmethod
+    def _recorded(
+        result: Conversation,
+        cut: int,
+        span_start: int,
+        protected: frozenset[int],
+        on_grid: bool,
+        ctx: StageContext,
+    ) -> Conversation:
+        """``result``, cut at ``cut``, recorded as this request's cut, with the messages
+        before it kept whole because they were protected, for the next request."""
+        ctx.record(cut=cut, span_start=span_start, grid=on_grid)
+        ctx.carry["compacted_pins"] = sorted(i for i in protected if span_start <= i < cut)
+        return result
 
     async def _compact_span(
         self,

@@ -518,7 +518,9 @@ async def test_replayed_breakpoints_stay_on_their_messages_between_events(marker
             prefix = [at for at, why in carried.items() if why == "prefix"]
             assert [at for at, why in placed.items() if why == "prefix"] in ([], prefix[-1:])
             carried = {**carried, **placed}
-    assert events > 10
+    assert (
+        events >= 5
+    )  # several compaction events were crossed (compress keeps its cut between them)
 
 
 def breakpoints(report: Any) -> dict[Any, str]:
