@@ -1,8 +1,11 @@
 """Reading a chat request off the wire and running the pipeline over it.
 
 Shared by the chat route, which then forwards the result, and the dry-run route, which
-returns it. ``recompact`` serves the overflow retry: when the upstream says the request
-was too long for its window anyway, the same request is compacted again to half the budget.
+returns it. The gateway's restore tool is decided here, so that the pipeline budgets it and
+sees it as the provider will: it is in the request from the first one that names an
+offloaded object on (``gateway.restore``). ``recompact`` serves the overflow retry: when
+the upstream says the request was too long for its window anyway, the same request is
+compacted again to half the budget.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import orjson
 from litestar import Request
+from opentelemetry import trace
 
 from gateway.auth import Caller, caller_of
 from gateway.client import read_body
 from gateway.codecs.openai import parse_chat_request
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.headers import POLICY_HEADER, policy_from_header
+from gateway.restore import has_refs, with_restore_tool
 from gateway.state import Gateway
 from gateway.summarizer import UpstreamSummarizer
 from gateway.upstream import upstream_request_headers
@@ -41,6 +47,8 @@ __all__ = [
     "request_body",
 ]
 
+_tracer = trace.get_tracer(__name__)
+
 CONVERSATION_HEADER: Final = "x-contextgate-conversation"
 _CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 UPSTREAM_CHOICES: Final = frozenset(
@@ -55,9 +63,11 @@ class ChatRequest:
     """A parsed chat request and what the pipeline made of it."""
 
     raw: bytes | None
-    """The body as received when it is an OpenAI chat request (sent as it is when no stage
-    changed it); ``None`` when it came in another format."""
+    """The body as received when it is an OpenAI chat request; ``None`` when it came in
+    another format."""
     body: dict[str, Any]
+    """The request the pipeline ran over: the client's, with the restore tool when the
+    request carries it."""
     policy: Policy
     result: CompactResult
     namespace: str
@@ -67,6 +77,11 @@ class ChatRequest:
     state: ConversationState | None
     """The conversation's record as it was before this request."""
     caller: Caller
+    restore_tool: bool = False
+    """Whether ``body`` (and so the request sent) carries the gateway's restore tool."""
+    content: bytes | None = None
+    """``result.request`` as OpenAI chat JSON, when it was encoded already (to look for
+    refs in it): the body as received when no stage changed it."""
 
 
 async def compact_request(
@@ -116,8 +131,33 @@ async def compact_request(
         summaries = gateway.summaries.bind(
             namespace, conversation, summarizer, policy.summary_timeout
         )
-    result = await _compact(gateway, body, policy, state, namespace, summaries)
-    return ChatRequest(raw, body, policy, result, namespace, conversation, state, caller)
+    # The restore tool is part of the request the pipeline budgets, marks and compares with
+    # the previous one: kept from the conversation's record, or, the first time the request
+    # names an offloaded object, added and the pipeline run again over it (once per
+    # conversation), so that it is counted and its cache break is predicted.
+    tooled = with_restore_tool(body) if state is not None and state.restore_tool else None
+    result = await _compact(gateway, tooled or body, policy, state, namespace, summaries)
+    content = None
+    if tooled is None:
+        content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
+        if has_refs(content):
+            tooled = with_restore_tool(body)
+            if tooled is not None:
+                with _tracer.start_as_current_span("contextgate.restore_tool"):
+                    result = await _compact(gateway, tooled, policy, state, namespace, summaries)
+                content = None
+    return ChatRequest(
+        raw,
+        tooled or body,
+        policy,
+        result,
+        namespace,
+        conversation,
+        state,
+        caller,
+        restore_tool=tooled is not None,
+        content=content,
+    )
 
 
 async def request_body(request: Request[Any, Any, Any]) -> bytes:
@@ -168,7 +208,7 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
     result = await _compact(gateway, chat.body, policy, chat.state, chat.namespace)
     if result.request == chat.result.request:
         return None
-    return replace(chat, policy=policy, result=result)
+    return replace(chat, policy=policy, result=result, content=None)
 
 
 def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:

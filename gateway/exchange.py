@@ -33,12 +33,9 @@ from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import first_event, is_event_stream
 from gateway.restore import (
-    RESTORE_TOOL,
     Resend,
     ResendStream,
     Restorer,
-    has_refs,
-    with_restore_tool,
 )
 from gateway.sse import close
 from gateway.state import Gateway
@@ -77,8 +74,9 @@ class Wire(Protocol):
     @property
     def upstream(self) -> ChatUpstream: ...
 
-    def encode(self, outgoing: dict[str, Any]) -> bytes:
-        """The body sent upstream for the pipeline's request ``outgoing`` (OpenAI chat)."""
+    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
+        """The body sent upstream for the pipeline's request ``outgoing`` (OpenAI chat);
+        ``encoded`` is that request as OpenAI chat JSON when it is at hand."""
         ...
 
     def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
@@ -163,9 +161,7 @@ async def exchange(
                 gateway.stores.objects,
                 chat.namespace,
                 counter,
-                room=result.report.budget
-                - result.report.tokens_after
-                - counter.count_tools([RESTORE_TOOL]),
+                room=result.report.budget - result.report.tokens_after,
             )
         sent_at, sending = time.time(), perf_counter()
         call = UpstreamCall.start(upstream, outgoing)
@@ -242,24 +238,13 @@ async def exchange(
 
 
 def with_restore(
-    chat: ChatRequest, encode: Callable[[dict[str, Any]], bytes]
+    chat: ChatRequest, encode: Callable[[dict[str, Any], bytes | None], bytes]
 ) -> tuple[dict[str, Any], bytes, bool]:
-    """The pipeline's request as it goes upstream, its body (``encode``d, or as received
-    when no stage changed it) and whether it carries the restore tool: it does when the
-    conversation has it already (once added it stays, so the tools do not change from one
-    turn to the next) or when its body names an offloaded object, unless it cannot
-    (``with_restore_tool``). Each body is encoded once."""
+    """The pipeline's request as it goes upstream, its body (``encode``d, given the OpenAI
+    JSON ``chat`` already has of it) and whether it carries the restore tool (decided with
+    the compaction: ``gateway.compaction``)."""
     outgoing = chat.result.request
-    content = None
-    if not (chat.state is not None and chat.state.restore_tool):
-        raw = None if chat.result.changed else chat.raw
-        content = raw if raw is not None else encode(outgoing)
-        if not has_refs(content):
-            return outgoing, content, False
-    tooled = with_restore_tool(outgoing)
-    if tooled is None:
-        return outgoing, content if content is not None else encode(outgoing), False
-    return tooled, encode(tooled), True
+    return outgoing, encode(outgoing, chat.content), chat.restore_tool
 
 
 def _remember(

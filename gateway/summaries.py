@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from gateway.store.conversations import ConversationRecords
 from pipelines import OffloadStore, StoreError, Summarizer
@@ -230,28 +230,55 @@ class SummaryService:
 
 @dataclass(frozen=True, slots=True)
 class BoundSummaries:
-    """The summaries of one request's conversation (``pipelines.checkpoints.Summaries``)."""
+    """The summaries of one request's conversation (``pipelines.checkpoints.Summaries``).
+
+    One request sees one snapshot: the prepared checkpoint as it first read it, and the
+    answer it first got for a job, when the pipeline runs twice over it (the second time
+    with the restore tool, ``gateway.compaction``), so the second run takes the same path
+    as the first and reports it the same way, without asking for any summary again."""
 
     service: SummaryService
     key: _Key
     summarizer: Summarizer | None
     """``None`` for a dry run: checkpoints are read, none is made."""
     timeout: float
+    _answers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """``ready``'s checkpoint, and the last job ``now`` made or ``later`` scheduled."""
 
     @property
     def background(self) -> bool:
         return self.summarizer is not None
 
     async def ready(self) -> Checkpoint | None:
-        namespace, conversation = self.key
-        return Checkpoint.from_json(await self.service.records.checkpoint(namespace, conversation))
+        if "ready" not in self._answers:
+            namespace, conversation = self.key
+            data = await self.service.records.checkpoint(namespace, conversation)
+            self._answers["ready"] = Checkpoint.from_json(data)
+        found: Checkpoint | None = self._answers["ready"]
+        return found
 
     async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
         if self.summarizer is None:
             raise SummaryFailed("a dry run makes no summary")
-        return await self.service.now(self.key, job, self.summarizer, within)
+        made = self._answers.get("now")
+        if made is not None and made[0] == job:
+            if isinstance(made[1], Exception):
+                raise made[1]  # failed once for this request: not waited for twice
+            return made[1]  # type: ignore[no-any-return]
+        try:
+            checkpoint = await self.service.now(self.key, job, self.summarizer, within)
+        except (SummaryFailed, TimeoutError, StoreError) as exc:
+            self._answers["now"] = (job, exc)
+            raise
+        self._answers["now"] = (job, checkpoint)
+        return checkpoint
 
     def later(self, job: SummaryJob) -> bool:
         if self.summarizer is None:
             return False
-        return self.service.schedule(self.key, job, self.summarizer, self.timeout)
+        scheduled = self._answers.get("later")
+        if scheduled is not None and scheduled[0] == job:
+            return scheduled[1]  # type: ignore[no-any-return]
+        taken = self.service.schedule(self.key, job, self.summarizer, self.timeout)
+        self._answers["later"] = (job, taken)
+        return taken

@@ -43,8 +43,10 @@ class ChatWire:
         """Applied to each request before it is encoded (an inbound Messages request's
         Anthropic-only fields removed)."""
 
-    def encode(self, outgoing: dict[str, Any]) -> bytes:
-        return orjson.dumps(self._prepare(outgoing) if self._prepare else outgoing)
+    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
+        if self._prepare is not None:
+            return orjson.dumps(self._prepare(outgoing))
+        return encoded if encoded is not None else orjson.dumps(outgoing)
 
     def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
         return self.encode({**outgoing, "messages": [*outgoing["messages"], *extra]})
@@ -97,7 +99,7 @@ class MessagesWire:
         """The Messages request for the pipeline's ``outgoing`` chat request."""
         return to_request(outgoing, self._native, default_max_tokens=self._default_max_tokens)
 
-    def encode(self, outgoing: dict[str, Any]) -> bytes:
+    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
         return orjson.dumps(self.request(outgoing))
 
     def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:

@@ -190,7 +190,10 @@ class Pipeline:
         after = state or ConversationState()
         if ctx.carry:
             after = after.with_cuts(**ctx.carry)
-        after = after.with_history(received.messages, sent_tokens=report.tokens_after, cold=cold)
+        # A request that breaks its cached prefix misses the cache as a cold one does: the
+        # provider's hit rate on it says nothing about the cache for the next request.
+        missed = cold or report.cache_break is not None
+        after = after.with_history(received.messages, sent_tokens=report.tokens_after, cold=missed)
         return CompactResult(
             result.to_request() if changed else dict(request), report, changed, after
         )

@@ -80,8 +80,9 @@ class ConversationState:
     thin_compactions: int = 0
     """Compaction events in a row that each saved under 10% of the request."""
     cold_sent: bool = False
-    """The previous request went out on a cold cache, so the provider's cache-hit
-    feedback on it says nothing about the cache now."""
+    """The previous request went out on a cold cache, or broke its cached prefix (a cache
+    break the pipeline predicted: a compaction event, changed tools, ...), so the
+    provider's cache-hit feedback on it says nothing about the cache now."""
     # What the provider's prefix cache keyed on in the previous request, for cache-break
     # detection (``pipelines.cache_break``); empty in records written before they were kept.
     model_hash: str = ""
@@ -107,7 +108,8 @@ class ConversationState:
     def with_history(
         self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
     ) -> ConversationState:
-        """This state after sending ``messages`` (as ``sent_tokens``), cold or not."""
+        """This state after sending ``messages`` (as ``sent_tokens``); ``cold``: they went
+        out on a cold cache or broke the cached prefix."""
         return _replace(
             self,
             seen=len(messages),

@@ -22,6 +22,8 @@ from time import perf_counter
 from typing import Any, Final
 
 import orjson
+from anthropic.types import MessageCountTokensParams as CountTokensParams
+from anthropic.types.beta import MessageCountTokensParams as BetaCountTokensParams
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
@@ -34,10 +36,10 @@ from gateway.codecs.anthropic_inbound import (
     to_request,
 )
 from gateway.compaction import compact_request, refuse_upstream_choice, request_body
-from gateway.exchange import Buffered, exchange, with_restore
+from gateway.exchange import Buffered, exchange
 from gateway.headers import report_headers
 from gateway.relay import anthropic_error_event, buffered_response, streamed_response
-from gateway.restore import RESTORE_TOOL, chain
+from gateway.restore import chain
 from gateway.sse import event_data
 from gateway.state import Gateway
 from gateway.upstream import json_answer, upstream_request_headers
@@ -45,10 +47,15 @@ from gateway.wires import ChatWire, MessagesWire
 
 __all__ = ["count_tokens", "messages"]
 
-_COUNTED: Final = frozenset(
-    {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
-)
-"""The fields Anthropic's ``count_tokens`` takes (it refuses the rest)."""
+_COUNTED: Final = (
+    CountTokensParams.__required_keys__
+    | CountTokensParams.__optional_keys__
+    | BetaCountTokensParams.__required_keys__
+    | BetaCountTokensParams.__optional_keys__
+) - {"betas"}
+"""The fields Anthropic's ``count_tokens`` takes (it refuses the rest), beta ones included,
+as the installed SDK defines them: a field that changes the count (``context_management``,
+a top-level ``cache_control``, ...) is not dropped. The SDK sends ``betas`` as a header."""
 
 
 @post("/v1/messages", status_code=200)
@@ -128,7 +135,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
     ours = report_headers(request_id, report, report.ms)
-    outgoing, _, tooled = with_restore(chat, orjson.dumps)
+    outgoing = chat.result.request
     if gateway.upstream_for(model) is gateway.anthropic:
         headers = upstream_request_headers(
             request.headers.items(), gateway.upstream_key(chat.caller, model)
@@ -138,11 +145,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
         response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
         body = await gateway.anthropic.read_body(response)
         return buffered_response(response, body, ours)
-    tokens = report.tokens_after
-    if tooled:
-        encoding = gateway.pipeline.catalog.lookup(model).encoding
-        tokens += gateway.pipeline.counter(encoding).count_tools([RESTORE_TOOL])
-    body = orjson.dumps({"input_tokens": tokens})
+    body = orjson.dumps({"input_tokens": report.tokens_after})
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
 
 

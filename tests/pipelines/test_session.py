@@ -108,3 +108,31 @@ def test_a_client_moving_its_cache_marker_still_continues_the_history() -> None:
     ]
     assert state.follows(later)
     assert not state.follows([history[0], {"role": "assistant", "content": "Where?"}])
+
+
+async def test_the_misses_of_a_request_that_broke_its_prefix_do_not_make_the_next_cold() -> None:
+    """A request that changed the tools (a predicted cache break) reads nothing from the
+    provider's cache; that low hit rate was expected, so the next request, which changes
+    nothing, still counts the cache as hot and gets no cold-cache rewrites."""
+    from pipelines import Pipeline
+
+    tool = {"type": "function", "function": {"name": "search", "parameters": {}}}
+    other = {"type": "function", "function": {"name": "book", "parameters": {}}}
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Find a flight " * 300}]
+    usage = {"prompt_tokens": 5_000, "prompt_tokens_details": {"cached_tokens": 4_000}}
+    pipeline = Pipeline()
+    request = {"model": "gpt-4o", "messages": messages, "tools": [tool]}
+    first = await pipeline.compact(request, now=NOW)
+    state = first.state.answered(at=NOW, usage=usage)
+    messages = [*messages, {"role": "assistant", "content": "Which date?"}]
+    messages = [*messages, {"role": "user", "content": "Tomorrow."}]
+    request = {"model": "gpt-4o", "messages": messages, "tools": [tool, other]}
+    broke = await pipeline.compact(request, state=state, now=NOW + 5)
+    assert broke.report.cache == "hot"
+    assert broke.report.cache_break == "tools"
+    missed = {"prompt_tokens": 5_100, "prompt_tokens_details": {"cached_tokens": 0}}
+    state = broke.state.answered(at=NOW + 5, usage=missed)
+    messages = [*messages, {"role": "assistant", "content": "Booked."}]
+    after = await pipeline.compact({**request, "messages": messages}, state=state, now=NOW + 10)
+    assert after.report.cache == "hot"
+    assert after.report.cache_break is None

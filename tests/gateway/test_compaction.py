@@ -1,0 +1,87 @@
+"""The restore tool as part of the compacted request: budgeted, and its arrival a predicted
+cache break (``gateway.compaction``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from pipelines import TokenCounter
+from tests.harness import GatewayServer
+from tests.mock_upstream import MockUpstream
+
+RULES = " ".join(f"rule{i} applies to booking" for i in range(6_000))
+
+
+def lookup(system_words: int) -> list[dict[str, Any]]:
+    """A system prompt of ``system_words`` words and one tool call whose output the filter
+    offloads (it is over ``filter-tokens=500``)."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_reservation", "arguments": '{"id": "ABC123"}'},
+    }
+    flights = [{"flight": f"HAT{i:03d}", "seat": f"{i}A", "price": i * 7} for i in range(300)]
+    return [
+        {"role": "system", "content": " ".join(RULES.split()[:system_words])},
+        {"role": "user", "content": "Look up reservation ABC123 please."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(flights)},
+    ]
+
+
+def client(gateway: GatewayServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url, api_key="sk-test-key", max_retries=0)
+
+
+def test_the_restore_tool_is_within_the_budget(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """However close to max-input the compacted messages come, the request sent with the
+    restore tool fits it: the tool's tokens are counted with the rest."""
+    counter = TokenCounter()
+    sdk = client(gateway)
+    for words in range(5_420, 5_800, 30):
+        upstream.received.clear()
+        answer = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=lookup(words),  # type: ignore[arg-type]
+            extra_headers={
+                "x-contextgate-policy": "max-input=8000, filter-tokens=500",
+                "x-contextgate-conversation": f"budget-{words}",
+            },
+        )
+        sent = upstream.received[-1].json()
+        assert [t["function"]["name"] for t in sent["tools"]] == ["context_restore"]
+        carried = counter.count_messages(sent["messages"]) + counter.count_tools(sent["tools"])
+        assert carried <= 8_000, words
+        assert f"after={carried}" in answer.headers["x-contextgate-tokens"]
+
+
+def test_the_restore_tool_arriving_is_a_predicted_cache_break(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """The request on which the restore tool first joins the tools says that it breaks the
+    cached prefix, and why; the next one, carrying the same tools, breaks nothing."""
+    sdk = client(gateway)
+    messages = lookup(50)
+    small = [*messages[:3], {**messages[3], "content": '{"flight": "HAT001"}'}]
+    big = [*small, {"role": "user", "content": "And the full list?"}, *messages[2:]]
+    breaks = []
+    for history in (small, big, [*big, {"role": "user", "content": "Thanks."}]):
+        answer = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=history,  # type: ignore[arg-type]
+            extra_headers={
+                "x-contextgate-policy": "filter-tokens=500",
+                "x-contextgate-conversation": "tool-arrives",
+            },
+        )
+        breaks.append(answer.headers.get("x-contextgate-cache-break"))
+    sent = [r.json() for r in upstream.received]
+    assert "tools" not in sent[0]
+    assert [t["function"]["name"] for t in sent[1]["tools"]] == ["context_restore"]
+    assert sent[2]["tools"] == sent[1]["tools"]
+    assert breaks == [None, "tools", None]
