@@ -134,18 +134,27 @@ async def compact_request(
     # The restore tool is part of the request the pipeline budgets, marks and compares with
     # the previous one: kept from the conversation's record, or, the first time the request
     # names an offloaded object, added and the pipeline run again over it (once per
-    # conversation), so that it is counted and its cache break is predicted.
-    tooled = with_restore_tool(body) if state is not None and state.restore_tool else None
-    result = await _compact(gateway, tooled or body, policy, state, namespace, summaries)
+    # conversation), so that it is counted and its cache break is predicted. A request that
+    # fits only without it goes without it rather than be refused.
+    kept = state is not None and state.restore_tool
+    tooled = with_restore_tool(body) if kept else None
+    result = None
+    if tooled is not None:
+        result = await _fitted(gateway, tooled, policy, state, namespace, summaries)
     content = None
-    if tooled is None:
-        content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
-        if has_refs(content):
-            tooled = with_restore_tool(body)
-            if tooled is not None:
+    if result is None:
+        tooled = None
+        result = await _compact(gateway, body, policy, state, namespace, summaries)
+        if not kept:
+            content = (
+                raw if raw is not None and not result.changed else orjson.dumps(result.request)
+            )
+            added = with_restore_tool(body) if has_refs(content) else None
+            if added is not None:
                 with _tracer.start_as_current_span("contextgate.restore_tool"):
-                    result = await _compact(gateway, tooled, policy, state, namespace, summaries)
-                content = None
+                    again = await _fitted(gateway, added, policy, state, namespace, summaries)
+                if again is not None:
+                    result, tooled, content = again, added, None
     return ChatRequest(
         raw,
         tooled or body,
@@ -222,6 +231,23 @@ def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> s
             param=CONVERSATION_HEADER,
         )
     return "client:" + header
+
+
+async def _fitted(
+    gateway: Gateway,
+    body: dict[str, Any],
+    policy: Policy,
+    state: ConversationState | None,
+    namespace: str,
+    summaries: Summaries | None,
+) -> CompactResult | None:
+    """``_compact``, or ``None`` when the request cannot be made to fit its budget."""
+    try:
+        return await _compact(gateway, body, policy, state, namespace, summaries)
+    except RequestRejectedError as exc:
+        if exc.code == "context_length_exceeded":
+            return None
+        raise
 
 
 async def _compact(

@@ -85,3 +85,30 @@ def test_the_restore_tool_arriving_is_a_predicted_cache_break(
     assert [t["function"]["name"] for t in sent[1]["tools"]] == ["context_restore"]
     assert sent[2]["tools"] == sent[1]["tools"]
     assert breaks == [None, "tools", None]
+
+
+def test_a_request_that_fits_only_without_the_restore_tool_goes_without_it(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """When the system prompt leaves room for the compacted messages but not for the
+    restore tool too, the request is sent without the tool, within its budget, instead of
+    being refused."""
+    counter = TokenCounter()
+    sdk = client(gateway)
+    without = 0
+    for words in range(5_820, 5_950, 40):
+        upstream.received.clear()
+        answer = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=lookup(words),  # type: ignore[arg-type]
+            extra_headers={
+                "x-contextgate-policy": "max-input=8000, filter-tokens=500",
+                "x-contextgate-conversation": f"no-room-{words}",
+            },
+        )
+        assert answer.http_response.status_code == 200
+        sent = upstream.received[-1].json()
+        carried = counter.count_messages(sent["messages"]) + counter.count_tools(sent.get("tools"))
+        assert carried <= 8_000, words
+        without += "tools" not in sent
+    assert without >= 3
