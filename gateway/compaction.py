@@ -131,30 +131,9 @@ async def compact_request(
         summaries = gateway.summaries.bind(
             namespace, conversation, summarizer, policy.summary_timeout
         )
-    # The restore tool is part of the request the pipeline budgets, marks and compares with
-    # the previous one: kept from the conversation's record, or, the first time the request
-    # names an offloaded object, added and the pipeline run again over it (once per
-    # conversation), so that it is counted and its cache break is predicted. A request that
-    # fits only without it goes without it rather than be refused.
-    kept = state is not None and state.restore_tool
-    tooled = with_restore_tool(body) if kept else None
-    result = None
-    if tooled is not None:
-        result = await _fitted(gateway, tooled, policy, state, namespace, summaries)
-    content = None
-    if result is None:
-        tooled = None
-        result = await _compact(gateway, body, policy, state, namespace, summaries)
-        if not kept:
-            content = (
-                raw if raw is not None and not result.changed else orjson.dumps(result.request)
-            )
-            added = with_restore_tool(body) if has_refs(content) else None
-            if added is not None:
-                with _tracer.start_as_current_span("contextgate.restore_tool"):
-                    again = await _fitted(gateway, added, policy, state, namespace, summaries)
-                if again is not None:
-                    result, tooled, content = again, added, None
+    result, tooled, content = await _compact_with_restore_tool(
+        gateway, raw, body, policy, state, namespace, summaries
+    )
     return ChatRequest(
         raw,
         tooled or body,
@@ -231,6 +210,44 @@ def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> s
             param=CONVERSATION_HEADER,
         )
     return "client:" + header
+
+
+async def _compact_with_restore_tool(
+    gateway: Gateway,
+    raw: bytes | None,
+    body: dict[str, Any],
+    policy: Policy,
+    state: ConversationState | None,
+    namespace: str,
+    summaries: Summaries | None,
+) -> tuple[CompactResult, dict[str, Any] | None, bytes | None]:
+    """The compacted request; ``body`` with the restore tool when the request carries it;
+    and the result as OpenAI chat JSON when it was encoded (to look for refs in it).
+
+    The tool is part of the request the pipeline budgets, marks and compares with the
+    previous one: kept from the conversation's record, or, the first time the request names
+    an offloaded object, added and the pipeline run again over it (once per conversation),
+    so that it is counted and its cache break is predicted. A request that fits only
+    without it goes without it rather than be refused."""
+    kept = state is not None and state.restore_tool
+    if kept:
+        tooled = with_restore_tool(body)
+        if tooled is not None:
+            result = await _fitted(gateway, tooled, policy, state, namespace, summaries)
+            if result is not None:
+                return result, tooled, None
+    result = await _compact(gateway, body, policy, state, namespace, summaries)
+    if kept:
+        return result, None, None
+    content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
+    added = with_restore_tool(body) if has_refs(content) else None
+    if added is None:
+        return result, None, content
+    with _tracer.start_as_current_span("contextgate.restore_tool"):
+        again = await _fitted(gateway, added, policy, state, namespace, summaries)
+    if again is None:
+        return result, None, content
+    return again, added, None
 
 
 async def _fitted(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Final, Protocol
@@ -32,11 +32,7 @@ from gateway.compaction import ChatRequest, recompact
 from gateway.errors import UpstreamStreamBroken
 from gateway.headers import report_headers
 from gateway.relay import first_event, is_event_stream
-from gateway.restore import (
-    Resend,
-    ResendStream,
-    Restorer,
-)
+from gateway.restore import Resend, ResendStream, Restorer
 from gateway.sse import close
 from gateway.state import Gateway
 from gateway.upstream import ChatUpstream, is_context_overflow
@@ -50,7 +46,6 @@ __all__ = [
     "UsageTracker",
     "Wire",
     "exchange",
-    "with_restore",
 ]
 
 log = logging.getLogger("contextgate.exchange")
@@ -151,7 +146,8 @@ async def exchange(
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = chat.result
         notes["report"], notes["attempts"] = result.report, attempt
-        outgoing, content, tooled = with_restore(chat, wire.encode)
+        outgoing, tooled = result.request, chat.restore_tool
+        content = wire.encode(outgoing, chat.content)
         restorer = None
         if tooled:
             counter = gateway.pipeline.counter(
@@ -235,16 +231,6 @@ async def exchange(
         notes["usage"], notes["cache_break"] = usage, cause
         _remember(gateway, chat, sent_at, usage, restorer is not None)
     return Buffered(response, body, ours)
-
-
-def with_restore(
-    chat: ChatRequest, encode: Callable[[dict[str, Any], bytes | None], bytes]
-) -> tuple[dict[str, Any], bytes, bool]:
-    """The pipeline's request as it goes upstream, its body (``encode``d, given the OpenAI
-    JSON ``chat`` already has of it) and whether it carries the restore tool (decided with
-    the compaction: ``gateway.compaction``)."""
-    outgoing = chat.result.request
-    return outgoing, encode(outgoing, chat.content), chat.restore_tool
 
 
 def _remember(

@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from gateway.store.conversations import ConversationRecords
 from pipelines import OffloadStore, StoreError, Summarizer
@@ -228,7 +228,7 @@ class SummaryService:
         self._workers = []
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BoundSummaries:
     """The summaries of one request's conversation (``pipelines.checkpoints.Summaries``).
 
@@ -242,43 +242,44 @@ class BoundSummaries:
     summarizer: Summarizer | None
     """``None`` for a dry run: checkpoints are read, none is made."""
     timeout: float
-    _answers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """``ready``'s checkpoint, and the last job ``now`` made or ``later`` scheduled."""
+    _ready: tuple[Checkpoint | None] | None = field(default=None, repr=False)
+    """``ready``'s answer, once read."""
+    _made: tuple[SummaryJob, Checkpoint | Exception] | None = field(default=None, repr=False)
+    """The last job ``now`` was asked for, and what came of it."""
+    _scheduled: tuple[SummaryJob, bool] | None = field(default=None, repr=False)
+    """The last job ``later`` was asked for, and whether it was taken."""
 
     @property
     def background(self) -> bool:
         return self.summarizer is not None
 
     async def ready(self) -> Checkpoint | None:
-        if "ready" not in self._answers:
+        if self._ready is None:
             namespace, conversation = self.key
             data = await self.service.records.checkpoint(namespace, conversation)
-            self._answers["ready"] = Checkpoint.from_json(data)
-        found: Checkpoint | None = self._answers["ready"]
-        return found
+            self._ready = (Checkpoint.from_json(data),)
+        return self._ready[0]
 
     async def now(self, job: SummaryJob, *, within: float) -> Checkpoint:
         if self.summarizer is None:
             raise SummaryFailed("a dry run makes no summary")
-        made = self._answers.get("now")
-        if made is not None and made[0] == job:
-            if isinstance(made[1], Exception):
-                raise made[1]  # failed once for this request: not waited for twice
-            return made[1]  # type: ignore[no-any-return]
+        if self._made is not None and self._made[0] == job:
+            made = self._made[1]
+            if isinstance(made, Exception):
+                raise made  # failed once for this request: not waited for twice
+            return made
         try:
             checkpoint = await self.service.now(self.key, job, self.summarizer, within)
         except (SummaryFailed, TimeoutError, StoreError) as exc:
-            self._answers["now"] = (job, exc)
+            self._made = (job, exc)
             raise
-        self._answers["now"] = (job, checkpoint)
+        self._made = (job, checkpoint)
         return checkpoint
 
     def later(self, job: SummaryJob) -> bool:
         if self.summarizer is None:
             return False
-        scheduled = self._answers.get("later")
-        if scheduled is not None and scheduled[0] == job:
-            return scheduled[1]  # type: ignore[no-any-return]
-        taken = self.service.schedule(self.key, job, self.summarizer, self.timeout)
-        self._answers["later"] = (job, taken)
-        return taken
+        if self._scheduled is None or self._scheduled[0] != job:
+            taken = self.service.schedule(self.key, job, self.summarizer, self.timeout)
+            self._scheduled = (job, taken)
+        return self._scheduled[1]

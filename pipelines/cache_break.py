@@ -83,7 +83,8 @@ def cache_ttl(messages: Sequence[Message], ttl: int, automatic: Any = None) -> i
     ``ttl: "1h"``, or asked for 1-hour automatic caching (``automatic``, a top-level
     ``cache_control``, which marks the newest block) (no breakpoint is placed after it, so
     every entry the request reads or writes lives an hour), else ``ttl``."""
-    if (messages and _hour_marked(messages[-1])) or _hour_marked({"cache_control": automatic}):
+    hourly = isinstance(automatic, dict) and automatic.get("ttl") == "1h"
+    if hourly or (messages and _hour_marked(messages[-1])):
         return max(ttl, HOUR_TTL)
     return ttl
 

@@ -413,11 +413,23 @@ class Compress:
         previous = ctx.cut("compacted_cut")
         state_pins = ctx.state.compacted_pins if ctx.state is not None else ()
         held = protection.indices | frozenset(i for i in state_pins if i < previous)
+
+        def counted(candidate: Conversation, position: int) -> int:
+            """Tokens of ``candidate``, the span cut after group ``position``: only the
+            span changed, its old messages out, its new ones in."""
+            end = span_groups[position].end
+            new_span = candidate.messages[
+                span_start : len(candidate.messages) - (len(messages) - end)
+            ]
+            tokens = start_tokens - raw[position] + sum(size(m) for m in new_span)
+            ctx.tokens.remember(candidate, tokens)
+            return tokens
+
         kept, kept_tokens = conversation, start_tokens
         if previous in ends:
             at = ends.index(previous)
             kept = await self._compact_span(conversation, span_groups[: at + 1], held, ctx, made)
-            kept_tokens = ctx.tokens(kept)
+            kept_tokens = counted(kept, at)
 
         def stay() -> Conversation:
             """The previous request's cut applied again; with none, nothing cut."""
@@ -441,12 +453,7 @@ class Compress:
             candidate = await self._compact_span(
                 conversation, span_groups[: position + 1], protected_at(group.end), ctx, made
             )
-            # Only the span changed: its old messages out, its new ones in.
-            new_span = candidate.messages[
-                span_start : len(candidate.messages) - (len(messages) - group.end)
-            ]
-            tokens = start_tokens - raw[position] + sum(size(m) for m in new_span)
-            ctx.tokens.remember(candidate, tokens)
+            tokens = counted(candidate, position)
             if tokens < best_tokens:
                 best, best_tokens, best_cut, best_grid = candidate, tokens, group.end, on_grid
             if tokens <= limit:

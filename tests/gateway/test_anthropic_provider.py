@@ -14,7 +14,7 @@ import pytest
 
 from gateway.codecs.anthropic import from_message
 from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
-from tests.gateway.codecs.test_anthropic import STREAMS, events_of, recorded
+from tests.gateway.codecs.test_anthropic import ANSWER, STREAMS, events_of, recorded
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply
 
@@ -31,17 +31,6 @@ MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a weather assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
-
-
-ANSWER = {
-    "id": "msg_02",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-20250514",
-    "content": [{"type": "text", "text": "Sunny."}],
-    "stop_reason": "end_turn",
-    "usage": {"input_tokens": 20, "output_tokens": 2},
-}
 
 
 def ask(

@@ -36,26 +36,38 @@ def client(gateway: GatewayServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.base_url, api_key="sk-test-key", max_retries=0)
 
 
+def ask_tight(
+    sdk: openai.OpenAI, upstream: MockUpstream, words: int, conversation: str
+) -> tuple[Any, dict[str, Any], int]:
+    """``lookup(words)`` sent at max-input 8,000 with its tool output over filter-tokens:
+    the answer, the body the upstream received and that body's tokens."""
+    upstream.received.clear()
+    answer = sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=lookup(words),  # type: ignore[arg-type]
+        extra_headers={
+            "x-contextgate-policy": "max-input=8000, filter-tokens=500",
+            "x-contextgate-conversation": conversation,
+        },
+    )
+    sent = upstream.received[-1].json()
+    counter = TokenCounter()
+    return (
+        answer,
+        sent,
+        counter.count_messages(sent["messages"]) + counter.count_tools(sent.get("tools")),
+    )
+
+
 def test_the_restore_tool_is_within_the_budget(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
     """However close to max-input the compacted messages come, the request sent with the
     restore tool fits it: the tool's tokens are counted with the rest."""
-    counter = TokenCounter()
     sdk = client(gateway)
     for words in range(5_420, 5_800, 30):
-        upstream.received.clear()
-        answer = sdk.chat.completions.with_raw_response.create(
-            model="gpt-4o",
-            messages=lookup(words),  # type: ignore[arg-type]
-            extra_headers={
-                "x-contextgate-policy": "max-input=8000, filter-tokens=500",
-                "x-contextgate-conversation": f"budget-{words}",
-            },
-        )
-        sent = upstream.received[-1].json()
+        answer, sent, carried = ask_tight(sdk, upstream, words, f"budget-{words}")
         assert [t["function"]["name"] for t in sent["tools"]] == ["context_restore"]
-        carried = counter.count_messages(sent["messages"]) + counter.count_tools(sent["tools"])
         assert carried <= 8_000, words
         assert f"after={carried}" in answer.headers["x-contextgate-tokens"]
 
@@ -93,22 +105,11 @@ def test_a_request_that_fits_only_without_the_restore_tool_goes_without_it(
     """When the system prompt leaves room for the compacted messages but not for the
     restore tool too, the request is sent without the tool, within its budget, instead of
     being refused."""
-    counter = TokenCounter()
     sdk = client(gateway)
     without = 0
     for words in range(5_820, 5_950, 40):
-        upstream.received.clear()
-        answer = sdk.chat.completions.with_raw_response.create(
-            model="gpt-4o",
-            messages=lookup(words),  # type: ignore[arg-type]
-            extra_headers={
-                "x-contextgate-policy": "max-input=8000, filter-tokens=500",
-                "x-contextgate-conversation": f"no-room-{words}",
-            },
-        )
+        answer, sent, carried = ask_tight(sdk, upstream, words, f"no-room-{words}")
         assert answer.http_response.status_code == 200
-        sent = upstream.received[-1].json()
-        carried = counter.count_messages(sent["messages"]) + counter.count_tools(sent.get("tools"))
         assert carried <= 8_000, words
         without += "tools" not in sent
     assert without >= 3

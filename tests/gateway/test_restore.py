@@ -16,6 +16,7 @@ from gateway.restore import RESTORE_TOKENS, Restorer, add_usage, with_restore_to
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, StoreError, TokenCounter
 from pipelines.stages.media import Media
+from tests.gateway.routes.test_messages import ANSWER as MESSAGES_ANSWER
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, Received, Reply
 from tests.pipelines.stages.conftest import FailingStore
@@ -174,17 +175,23 @@ def screenshot(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [image, {"type": "text", "text": text}]}
 
 
-async def test_an_offloaded_pdf_document_is_restored_as_a_document() -> None:
-    """A PDF the media stage took out of an older message comes back, when restored, as
-    the document block it was (in the turn Claude is asked with), not as its JSON."""
-    store = MemoryStore()
-    messages = [
+def spec_and_screenshots() -> list[dict[str, Any]]:
+    """A PDF in the first user message, then two newer screenshots: the media stage
+    offloads the PDF (keep-images=2)."""
+    return [
         {"role": "user", "content": [DOCUMENT, {"type": "text", "text": "Here is the spec."}]},
         {"role": "assistant", "content": "Got it."},
         screenshot("Screenshot 1."),
         {"role": "assistant", "content": "Ok."},
         screenshot("Screenshot 2; what did page 1 of the spec say?"),
     ]
+
+
+async def test_an_offloaded_pdf_document_is_restored_as_a_document() -> None:
+    """A PDF the media stage took out of an older message comes back, when restored, as
+    the document block it was (in the turn Claude is asked with), not as its JSON."""
+    store = MemoryStore()
+    messages = spec_and_screenshots()
     request = {"model": "claude-sonnet-4", "messages": messages}
     result = await Pipeline(stages=[Media()], store=store).compact(request, policy=Policy())
     placeholder = result.request["messages"][0]["content"][0]["text"]
@@ -245,13 +252,7 @@ async def test_a_pdf_offloaded_on_the_messages_route_reaches_claude_again_on_res
         return JSONReply(ANSWER)
 
     upstream.handler = model
-    messages = [
-        {"role": "user", "content": [DOCUMENT, {"type": "text", "text": "Here is the spec."}]},
-        {"role": "assistant", "content": "Got it."},
-        screenshot("Screenshot 1."),
-        {"role": "assistant", "content": "Ok."},
-        screenshot("Screenshot 2; what did page 1 of the spec say?"),
-    ]
+    messages = spec_and_screenshots()
     with anthropic.Anthropic(base_url=anthropic_gateway.url, api_key="k", max_retries=0) as sdk:
         answer = sdk.messages.create(
             model="claude-sonnet-4-6",
@@ -265,12 +266,6 @@ async def test_a_pdf_offloaded_on_the_messages_route_reaches_claude_again_on_res
 
 
 ANSWER: dict[str, Any] = {
-    "id": "msg_01",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-6",
+    **MESSAGES_ANSWER,
     "content": [{"type": "text", "text": "Page 1: scope."}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 20, "output_tokens": 6},
 }

@@ -687,8 +687,8 @@ PDF_BLOCK: dict[str, Any] = {
 }
 HI = {"role": "user", "content": "Hi"}
 READ_CALL = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
-ANSWER = {
-    "id": "msg_03",
+ANSWER: dict[str, Any] = {
+    "id": "msg_02",
     "type": "message",
     "role": "assistant",
     "model": "claude-sonnet-4-20250514",
