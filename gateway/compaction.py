@@ -83,6 +83,15 @@ class ChatRequest:
     """``result.request`` as OpenAI chat JSON, when it was encoded already (to look for
     refs in it): the body as received when no stage changed it."""
 
+    @property
+    def rewritten(self) -> bool:
+        """Whether what goes up differs from what the client sent in more than cache
+        markers (which change no prompt): a stage other than ``cache_markers`` changed it,
+        or it carries the restore tool."""
+        return self.restore_tool or any(
+            name != "cache_markers" for name in self.result.report.actions
+        )
+
 
 async def compact_request(
     request: Request[Any, Any, Any],
@@ -225,19 +234,24 @@ async def _compact_with_restore_tool(
     and the result as OpenAI chat JSON when it was encoded (to look for refs in it).
 
     The tool is part of the request the pipeline budgets, marks and compares with the
-    previous one: kept from the conversation's record, or, the first time the request names
-    an offloaded object, added and the pipeline run again over it (once per conversation),
-    so that it is counted and its cache break is predicted. A request that fits only
-    without it goes without it rather than be refused."""
-    kept = state is not None and state.restore_tool
-    if kept:
+    previous one: kept from the conversation's record; offered from the conversation's
+    first request when it brings tools of its own (``Settings.restore_tool``); else, the
+    first time the request names an offloaded object, added and the pipeline run again
+    over it (once per conversation), so that it is counted and its cache break is
+    predicted. A request that fits only without it goes without it rather than be
+    refused."""
+    first = state is None or state.calls == 0
+    offered = (state is not None and state.restore_tool) or (
+        first and bool(body.get("tools")) and gateway.settings.restore_tool == "from_start"
+    )
+    if offered:
         tooled = with_restore_tool(body)
         if tooled is not None:
             result = await _fitted(gateway, tooled, policy, state, namespace, summaries)
             if result is not None:
                 return result, tooled, None
     result = await _compact(gateway, body, policy, state, namespace, summaries)
-    if kept:
+    if offered:
         return result, None, None
     content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
     added = with_restore_tool(body) if has_refs(content) else None

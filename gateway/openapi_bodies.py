@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from gateway.codecs.anthropic import OPENAI_PARTS
+from gateway.codecs.anthropic_checks import ROLES, THINKING_KINDS, TURN_BLOCKS
 from gateway.compaction import UPSTREAM_CHOICES
 
 __all__ = ["SCHEMAS"]
@@ -157,13 +158,34 @@ _BLOCK = {
     "description": "A Messages content block (OpenAI part types such as `image_url` are not).",
 }
 
-_MESSAGES_TURN = _open(
-    ["role", "content"],
-    {
-        "role": {"enum": ["user", "assistant"]},
-        "content": {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesBlock")}]},
-    },
-)
+_MESSAGES_TURN = {
+    "anyOf": [
+        _open(
+            ["role", "content"],
+            {
+                "role": {"enum": sorted(ROLES - {"system"})},
+                "content": {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesBlock")}]},
+            },
+        ),
+        _open(
+            ["role"],
+            {
+                "role": {"const": "system"},
+                "content": {
+                    "anyOf": [
+                        _STRING,
+                        {
+                            "type": "array",
+                            "items": _open(["type"], {"type": {"enum": sorted(TURN_BLOCKS)}}),
+                        },
+                    ]
+                },
+            },
+            description="A mid-conversation system message.",
+        ),
+    ],
+    "description": "A turn of the conversation.",
+}
 
 _MESSAGES_TOOL = {
     "anyOf": [
@@ -195,7 +217,7 @@ def _messages_request(*, counting: bool) -> dict[str, Any]:
         ),
         "thinking": _open(
             ["type"],
-            {"type": {"enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer"}},
+            {"type": {"enum": sorted(THINKING_KINDS)}, "budget_tokens": {"type": "integer"}},
         ),
         **_NO_UPSTREAM_CHOICE,
     }

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -218,6 +218,15 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``pipelines.ModelInfo``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
+    restore_tool: Literal["from_start", "when_needed"] = "from_start"
+    """When a conversation's requests get the gateway's ``context_restore`` tool (kept on
+    every later request once added): ``from_start``, from the first request of a
+    conversation that brings tools of its own (one without gets it once it names an
+    offloaded object, as some servers refuse tools a request did not ask for), so the
+    tools the provider caches first never change; ``when_needed``, only from the first
+    request that names an offloaded object, which changes the tools mid-conversation and
+    costs the whole cached prefix once (``docs/DECISIONS.md``, "The restore tool's
+    arrival")."""
     summaries: bool = True
     """Ask the summary model to replace compacted spans by a structured summary (policy
     ``mode=summarize``): prepared in the background from ``prepare`` utilisation, made

@@ -5,11 +5,11 @@ tool schemas and the history up to where it was cached. Anything that changes on
 makes the next request pay for its whole prompt again. Two halves:
 
 - **Predicting**, before the request goes out (the ``cache_markers`` stage): the
-  conversation's record keeps ``Fingerprints`` of its previous request; a request whose
-  fingerprints differ, that compacts (a compaction event, as ``Report.is_event_after``
-  defines it), or that comes after the cache's TTL expired is a break, and its cause is
-  named by ``predicted_break`` in this order of precedence: ``model``, ``system``,
-  ``tools``, ``compaction``, ``ttl``.
+  conversation's record keeps ``Fingerprints`` of its previous request and a digest of
+  the messages it sent; a request whose fingerprints differ, whose messages do not start
+  with the ones that went up last time (a compaction rewrote them), or that comes after
+  the cache's TTL expired is a break, and its cause is named by ``predicted_break`` in
+  this order of precedence: ``model``, ``system``, ``tools``, ``compaction``, ``ttl``.
 - **Observing**, after the answer (the gateway, with the usage the provider reported):
   ``observed_break`` says whether cache reads dropped by more than 5% and by at least
   2,000 tokens since the previous request.
@@ -28,7 +28,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from pipelines.messages import Message
+from pipelines.messages import Message, is_system_turn
 
 __all__ = [
     "BREAK_CAUSES",
@@ -39,6 +39,7 @@ __all__ = [
     "Fingerprints",
     "cache_ttl",
     "fingerprint",
+    "fingerprint_bytes",
     "observed_break",
     "predicted_break",
     "without_markers",
@@ -102,8 +103,13 @@ def _hour_marked(value: Any) -> bool:
 
 def fingerprint(value: Any) -> str:
     """A short digest of ``value``'s content, markers excluded, stable across processes."""
+    return fingerprint_bytes(value).hex()
+
+
+def fingerprint_bytes(value: Any) -> bytes:
+    """``fingerprint`` as its 8 bytes."""
     data = orjson.dumps(without_markers(value), option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    return hashlib.blake2b(data, digest_size=8).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +120,9 @@ class Fingerprints:
     """Of the model name."""
     system: str
     """Of the system and developer messages, in order: all of them where the API sends
-    them apart, before the history (Anthropic's ``system``), else the leading ones (a
-    later one is history, and one appended leaves the cached prefix as it was)."""
+    them apart, before the history (Anthropic's ``system``; a system turn of the history
+    stays in it there too), else the leading ones (a later one is history, and one
+    appended leaves the cached prefix as it was)."""
     tools: tuple[str, ...] | None
     """Of each tool schema, in order: a changed tool and a reordered list differ."""
     # Empty (or None) where a conversation's record was written before it kept them.
@@ -132,7 +139,9 @@ class Fingerprints:
         """The fingerprints of a request; ``hoisted``: its provider sends every system
         message apart, before the history."""
         if hoisted:
-            system = [m for m in messages if m.get("role") in _SYSTEM_ROLES]
+            system = [
+                m for m in messages if m.get("role") in _SYSTEM_ROLES and not is_system_turn(m)
+            ]
         else:
             system = list(takewhile(lambda m: m.get("role") in _SYSTEM_ROLES, messages))
         return cls(
@@ -150,8 +159,8 @@ def predicted_break(
     """Why the cached prefix of the conversation's previous request (``before``, with
     ``None`` for fingerprints it did not record) is of no use to this one, and for tools
     how they changed (``order``, ``added``, ``removed``, ``changed``); ``None`` when it is.
-    ``compaction``: this request is a compaction event; ``expired``: the cache's TTL passed
-    since the previous request."""
+    ``compaction``: the messages the previous request sent are not the start of this
+    one's; ``expired``: the cache's TTL passed since the previous request."""
     if before is not None:
         if before.model and before.model != now.model:
             return "model", None

@@ -56,6 +56,16 @@ class ModelInfo:
     """Utilisation at which a cold cache lets the TTL prune soft-trim old tool results."""
     hard_ratio: float = 0.50
     """Utilisation at which a cold cache lets the TTL prune archive old tool results."""
+    keeps_thinking: bool = False
+    """Whether the model keeps the thinking of earlier turns in its context when the
+    request does not say (Claude Opus 4.5 and later): its thinking blocks stay in the
+    history it is sent. Otherwise only the current turn's are kept (the API ignores the
+    rest)."""
+    thinking_bound: bool = False
+    """Whether a thinking block the model wrote is bound to the prompt before it
+    (Anthropic's "preserved thinking", Claude Fable 5.1, Opus 5.5 and later): sent back
+    after anything before it changed, the API refuses the request unless told to drop such
+    blocks (``thinking.block_binding``)."""
 
     def __post_init__(self) -> None:
         if self.context_window < 1_000:
@@ -70,6 +80,21 @@ class ModelInfo:
 
 def _openai(pattern: str, window: int, reserve: int, encoding: str = "o200k_base") -> ModelInfo:
     return ModelInfo(pattern, window, reserve, "openai", "none", encoding, cache_ttl=600)
+
+
+def _claude(pattern: str, window: int, reserve: int, *, bound: bool = False) -> ModelInfo:
+    """A Claude model that keeps earlier turns' thinking (``bound``: and binds it to its
+    prefix)."""
+    return ModelInfo(
+        pattern,
+        window,
+        reserve,
+        "anthropic",
+        "anthropic",
+        cache_ttl=300,
+        keeps_thinking=True,
+        thinking_bound=bound,
+    )
 
 
 BUILTIN_MODELS: Final[tuple[ModelInfo, ...]] = (
@@ -89,6 +114,21 @@ BUILTIN_MODELS: Final[tuple[ModelInfo, ...]] = (
     _openai("gpt-oss*", 131_072, 32_768),
     ModelInfo("claude-*", 200_000, 8_192, "anthropic", "anthropic", cache_ttl=300),
     ModelInfo("claude-3-haiku*", 200_000, 4_096, "anthropic", "anthropic", cache_ttl=300),
+    _claude("claude-opus-4-5*", 200_000, 64_000),
+    _claude("claude-opus-4-6*", 200_000, 128_000),
+    _claude("claude-sonnet-4-6*", 200_000, 64_000),
+    _claude("claude-opus-4-7*", 200_000, 128_000),
+    _claude("claude-opus-4-8*", 200_000, 128_000),
+    _claude("claude-opus-5*", 1_000_000, 128_000),
+    _claude("claude-sonnet-5*", 1_000_000, 128_000),
+    _claude("claude-haiku-5*", 1_000_000, 128_000),
+    _claude("claude-opus-5-5*", 1_000_000, 128_000, bound=True),
+    _claude("claude-sonnet-5-5*", 1_000_000, 128_000, bound=True),
+    _claude("claude-haiku-5-5*", 1_000_000, 128_000, bound=True),
+    _claude("claude-fable-*", 1_000_000, 128_000),
+    _claude("claude-fable-5-[1-9]*", 1_000_000, 128_000, bound=True),
+    _claude("claude-mythos-*", 1_000_000, 128_000),
+    _claude("claude-mythos-5-[1-9]*", 1_000_000, 128_000, bound=True),
     ModelInfo("deepseek-*", 128_000, 8_192, "deepseek", "reasoning_echo", cache_ttl=3600),
     ModelInfo("kimi-*", 262_144, 16_384, "kimi", "reasoning_echo", cache_ttl=3600),
     ModelInfo("moonshot-*", 131_072, 8_192, "kimi", "reasoning_echo", cache_ttl=3600),

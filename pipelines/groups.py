@@ -134,10 +134,10 @@ def protect(
 
 def _answered(messages: Sequence[Message], after: int) -> bool:
     """Whether the assistant text ending before ``after`` is a final answer: the last
-    message, or followed (past any tool messages) by a user message."""
+    message, or followed (past any tool and system messages) by a user message."""
     for index in range(after, len(messages)):
         role = messages[index].get("role")
-        if role != "tool":
+        if role != "tool" and role not in _SYSTEM_ROLES:
             return role == "user"
     return True
 

@@ -7,16 +7,36 @@ builds a new dict, so an unchanged message stays the very same object from stage
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Final, Literal
 
 import orjson
 
-__all__ = ["MEDIA_PART_TYPES", "Message", "PartKind", "iter_parts", "message_text"]
+__all__ = [
+    "MEDIA_PART_TYPES",
+    "SYSTEM_TURN",
+    "Message",
+    "PartKind",
+    "is_system_turn",
+    "iter_parts",
+    "message_text",
+]
 
 Message = dict[str, Any]
 """One chat message: ``role``, ``content`` (a string, a list of parts, or null) and the
 optional ``name``, ``tool_calls``, ``tool_call_id``, ``reasoning_content`` fields."""
+
+SYSTEM_TURN: Final = "system_turn"
+"""The key (``true``) of a system message that is a turn of the history rather than part
+of the system prompt: an Anthropic ``role: "system"`` entry of ``messages`` (Claude
+Code's mid-conversation instructions). Its place in the history matters: no wire hoists it
+into the system prompt, and a new one at the end leaves the cached prefix as it was."""
+
+
+def is_system_turn(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is a system turn (``SYSTEM_TURN``)."""
+    return message.get(SYSTEM_TURN) is True
+
 
 PartKind = Literal["text", "image", "media", "other"]
 

@@ -91,13 +91,18 @@ class ConversationState:
     """Fingerprint of the system and developer messages."""
     tool_hashes: tuple[str, ...] | None = None
     """Fingerprint of each tool schema, in order (``None``: not recorded)."""
-    compaction_hash: str = ""
-    """Fingerprint of the compaction the previous request applied (``Report.compaction``)."""
     sent_messages: int = 0
     """Messages the previous request sent upstream (after compaction)."""
     sent_last: str = ""
     """Fingerprint of the last of them, markers excluded: where the previous request's
     rolling cache breakpoint was, found again in this request's outgoing messages."""
+    sent_prompt: str = ""
+    """Digest of the previous request's messages as they went up, in the order the
+    provider's prompt cache reads them (markers excluded; for Anthropic, less the system
+    messages it sends apart, which ``system_hash`` covers): a request whose first
+    ``sent_prompt_messages`` messages have the same digest extends that prompt."""
+    sent_prompt_messages: int = 0
+    """How many messages ``sent_prompt`` covers."""
 
     def follows(self, messages: Sequence[Message]) -> bool:
         """Whether ``messages`` continue the previous request of this record."""

@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 import tiktoken
 
+from pipelines.cache_break import fingerprint_bytes
 from pipelines.messages import Message, iter_parts
 
 __all__ = [
@@ -53,6 +54,7 @@ AUDIO_TOKENS: Final = 765
 or pages, which the pipeline does not see."""
 TOOL_OVERHEAD: Final = 65
 """Tokens a tool schema costs beyond its serialised JSON."""
+_TEXT_FIELDS: Final = ("tool_call_id", "reasoning_content", "refusal")
 EXACT_LIMIT_CHARS: Final = 2_000_000
 """Texts longer than this are estimated, not tokenized: they are over any window anyway,
 and tokenizing them would let one request hold a core for seconds."""
@@ -161,13 +163,23 @@ class TokenCounter:
     may run on worker threads while the event loop looks other messages up.
     """
 
-    __slots__ = ("_cache", "_encoding", "_lock", "_max_entries", "_short", "hits", "misses")
+    __slots__ = (
+        "_cache",
+        "_encoding",
+        "_lock",
+        "_max_entries",
+        "_prints",
+        "_short",
+        "hits",
+        "misses",
+    )
 
     def __init__(self, encoding_name: str = "o200k_base", *, max_entries: int = 200_000) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self._encoding = encoding(encoding_name)
         self._cache: dict[CacheKey, int] = {}
+        self._prints: dict[CacheKey, bytes] = {}
         self._short: dict[str, int] = {}
         self._lock = threading.Lock()
         self._max_entries = max_entries
@@ -267,6 +279,22 @@ class TokenCounter:
                 for oldest in list(islice(cache, excess)):
                     del cache[oldest]
 
+    def fingerprint(self, message: Message) -> bytes:
+        """A digest of ``message``'s content with its ``cache_control`` markers left out,
+        the same in every process (8 bytes), cached as counts are: what the provider's
+        prompt cache keys on, for telling whether a prompt extends another
+        (``pipelines.cache_break``). Called from the event loop only."""
+        key = self.key(message)
+        prints = self._prints
+        found = prints.get(key)
+        if found is None:
+            found = prints[key] = fingerprint_bytes(message)
+            if len(prints) > self._max_entries:
+                excess = len(prints) - self._max_entries + self._max_entries // EVICTED_SHARE
+                for oldest in list(islice(prints, excess)):
+                    del prints[oldest]
+        return found
+
     def measure(self, message: Message) -> int:
         """Tokens one chat message costs, computed (no cache)."""
         tokens = MESSAGE_OVERHEAD
@@ -274,13 +302,14 @@ class TokenCounter:
             value = message.get(key)
             if isinstance(value, str):
                 tokens += self._count_short(value)
-        for key in ("tool_call_id", "reasoning_content", "refusal"):
+        # Thinking blocks the Anthropic codec carries beside the content count as the
+        # content parts they were, and ``reasoning_content`` beside them is their text
+        # again (one wire sends the blocks, another the text): counted once.
+        blocks = message.get("thinking_blocks")
+        for key in ("tool_call_id", "refusal") if blocks else _TEXT_FIELDS:
             value = message.get(key)
             if isinstance(value, str):
                 tokens += self.count_text(value)
-        # Thinking blocks the Anthropic codec carries beside the content count as the
-        # content parts they were.
-        blocks = message.get("thinking_blocks")
         parts = iter_parts(message.get("content"))
         for kind, value in chain(parts, iter_parts(blocks)) if blocks else parts:
             if kind == "image":
@@ -289,6 +318,8 @@ class TokenCounter:
                 tokens += AUDIO_TOKENS
             else:
                 tokens += self.count_text(value)
+        if blocks or message.get("role") == "assistant":
+            tokens += _hidden_thinking(message.get("content")) + _hidden_thinking(blocks)
         tool_calls = message.get("tool_calls")
         if isinstance(tool_calls, list):
             for call in tool_calls:
@@ -309,6 +340,22 @@ class TokenCounter:
             if len(text) <= 64 and len(self._short) < 4_096:
                 self._short[text] = tokens
         return tokens
+
+
+def _hidden_thinking(parts: Any) -> int:
+    """An estimate of the thinking the model keeps behind thinking blocks sent without
+    their text (``display: "omitted"``): their signature carries it, and the API bills it
+    as input. A quarter of the signature's length."""
+    if not isinstance(parts, list):
+        return 0
+    return sum(
+        len(part["signature"]) // 4
+        for part in parts
+        if isinstance(part, dict)
+        and part.get("type") == "thinking"
+        and not part.get("thinking")
+        and isinstance(part.get("signature"), str)
+    )
 
 
 def _schema(tool: Any) -> str:

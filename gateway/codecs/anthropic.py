@@ -9,7 +9,9 @@ Anthropic (and the inbound ``/v1/messages`` route) are built on these.
 The mapping:
 
 - system and developer messages -> ``system`` (text blocks, in order, every key of a
-  text part kept); every other message keeps its place.
+  text part kept), except a system turn of the history (``SYSTEM_TURN``: a
+  mid-conversation ``role: "system"`` entry a Messages client sent), which stays in its
+  place as that entry, content as it came; every other message keeps its place.
 - user content: text parts -> text blocks (every key kept); ``image_url`` parts -> image
   blocks (a data URL becomes a base64 source, any other URL a url source); ``file`` parts
   whose ``file_data`` is a base64 data URL -> document blocks (a PDF as a base64 source,
@@ -84,14 +86,18 @@ import orjson
 
 from gateway.errors import InvalidRequest
 from pipelines.cache_break import without_markers
+from pipelines.messages import SYSTEM_TURN, is_system_turn
 
 __all__ = [
+    "THINKING_BINDING_BETA",
     "Accumulator",
     "ChunkTranslator",
     "anthropic_tool",
     "from_message",
     "image_block",
     "to_messages",
+    "unbinding",
+    "with_beta",
 ]
 
 STOP_REASONS: Final = {
@@ -136,6 +142,36 @@ REFUSED_FIELDS: Final = {
 """Request fields a client relies on that Claude cannot honour: a 400, not a silent drop."""
 
 
+THINKING_BINDING_BETA: Final = "thinking-binding-controls-2026-08-01"
+"""The beta under which a request may ask the API to drop thinking blocks whose prefix
+changed instead of refusing the request (``thinking.block_binding``)."""
+
+
+def unbinding(thinking: Any) -> dict[str, Any] | None:
+    """The ``thinking`` setting ``thinking`` (``None``: the client gave none) with thinking
+    blocks whose prefix changed since the model wrote them dropped by the API rather than
+    refused (``block_binding.prefix_mismatch_behavior: "drop_block"``); ``None`` to leave
+    the request as it is: thinking turned off, or a ``block_binding`` of the client's own.
+    Models that bind thinking to its prefix think adaptively by default, so giving the
+    setting where the client gave none changes nothing else."""
+    binding = {"prefix_mismatch_behavior": "drop_block"}
+    if thinking is None:
+        return {"type": "adaptive", "block_binding": binding}
+    if not isinstance(thinking, Mapping) or thinking.get("type") not in ("adaptive", "enabled"):
+        return None
+    if thinking.get("block_binding") is not None:
+        return None
+    return {**thinking, "block_binding": binding}
+
+
+def with_beta(headers: Mapping[str, str], beta: str) -> dict[str, str]:
+    """``headers`` (lower-case names) with ``beta`` among their ``anthropic-beta`` values."""
+    betas = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
+    if beta not in betas:
+        betas.append(beta)
+    return {**headers, "anthropic-beta": ",".join(betas)}
+
+
 def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
     """The Messages API request for OpenAI chat request ``body``; ``InvalidRequest`` for
     what cannot be expressed there (a tool call whose arguments are not a JSON object,
@@ -146,7 +182,9 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
     for index, message in enumerate(body.get("messages", ())):
         role = message.get("role")
         where = f"messages[{index}].content"
-        if role in ("system", "developer"):
+        if is_system_turn(message):
+            turns.append(_system_turn(message))
+        elif role in ("system", "developer"):
             system.extend(_marked(_text_blocks(message.get("content")), message))
         elif role == "tool":
             block: dict[str, Any] = {
@@ -163,13 +201,16 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
             _append(turns, "user", _marked(_blocks(message.get("content"), where), message))
     # The API refuses empty turns (an assistant answer that was empty, a user message of
     # parts it cannot carry): they are left out, their neighbours joined.
-    turns = _joined([t for t in turns if t["content"]])
+    turns = _joined([t for t in turns if t["content"] or t["role"] == "system"])
     request: dict[str, Any] = {
         "model": body.get("model"),
         "max_tokens": body.get("max_completion_tokens")
         or body.get("max_tokens")
         or default_max_tokens,
-        "messages": [{"role": t["role"], "content": t["content"]} for t in turns],
+        "messages": [
+            t if t["role"] == "system" else {"role": t["role"], "content": t["content"]}
+            for t in turns
+        ],
     }
     if system:
         request["system"] = system
@@ -281,10 +322,28 @@ def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]
         turns.append({"role": role, "content": list(blocks)})
 
 
+def _system_turn(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A system message that is a turn of the history, as the ``role: "system"`` entry of
+    ``messages`` it came as: its content as it is (a message-level marker on its last
+    block), its other keys (``clear_at``, ``output_config``) kept. Never joined with a
+    neighbour."""
+    turn = {
+        key: value
+        for key, value in message.items()
+        if key not in (SYSTEM_TURN, "cache_control", "name")
+    }
+    turn["role"] = "system"
+    if "cache_control" in message:
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        turn["content"] = _marked([dict(b) for b in blocks or ()], message)
+    return turn
+
+
 def _joined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for turn in turns:
-        if out and out[-1]["role"] == turn["role"]:
+        if out and out[-1]["role"] == turn["role"] and turn["role"] != "system":
             out[-1]["content"].extend(turn["content"])
         else:
             out.append(turn)

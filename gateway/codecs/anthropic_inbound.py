@@ -12,6 +12,10 @@ lives in ``gateway.codecs.anthropic_answers`` and is re-exported here.
 Messages -> chat:
 
 - ``system`` -> one system message: a string, or its text blocks as text parts.
+- a ``role: "system"`` turn (a mid-conversation system message) -> a system message in its
+  place, marked as a turn of the history (``pipelines.messages.SYSTEM_TURN``), with its
+  content (blocks as parts) and its other keys (``clear_at``, ``output_config``) as they
+  came.
 - user turn: each ``tool_result`` block -> a tool message (its content a string or parts;
   ``is_error`` and ``toolset_name`` kept; its ``cache_control`` as the message-level
   marker), then the turn's other blocks -> one user message (a string stays a string).
@@ -27,9 +31,11 @@ Messages -> chat:
   (and any tool the way back would not give again) as they are.
 - ``max_tokens``, ``temperature``, ``top_p``, ``stream`` by name; ``stop_sequences`` ->
   ``stop`` and ``tool_choice`` -> its chat form (``disable_parallel_tool_use`` ->
-  ``parallel_tool_calls: false``), and ``cache_control`` (automatic caching, one of the
-  four breakpoints the ``cache_markers`` stage counts) as it is, all three also kept in
-  ``native``; every other field, and an empty ``system`` or ``tools``, -> ``native``.
+  ``parallel_tool_calls: false``), ``cache_control`` (automatic caching, one of the
+  four breakpoints the ``cache_markers`` stage counts) and ``context_management`` (the
+  client's context editing, which the ``thinking`` stage reads) as they are, all four
+  also kept in ``native``; every other field, and an empty ``system`` or ``tools``, ->
+  ``native``.
 
 So ``to_request`` gives back every valid request, in this canonical form: a string
 ``content`` or ``system`` is one text block (the API's documented shorthand); consecutive
@@ -40,7 +46,7 @@ blocks come after its other blocks (the order Claude writes them in); a tool's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,6 +68,7 @@ from gateway.codecs.anthropic_answers import (
     message_of,
 )
 from gateway.codecs.anthropic_checks import checked_body
+from pipelines.messages import SYSTEM_TURN, is_system_turn
 
 __all__ = [
     "EventTranslator",
@@ -89,12 +96,23 @@ class InboundRequest:
 
 _BY_NAME: Final = ("max_tokens", "temperature", "top_p", "stream")
 _EMPTY_ONLY: Final = ("system", "tools")
+_READ_FROM_NATIVE: Final = ("cache_control", "context_management")
+"""``native`` fields the pipeline reads too: automatic caching (one of the four
+breakpoints) and the client's context editing (``clear_thinking_20251015``)."""
 """Fields ``native`` carries only when the client sent them empty."""
 _THINKING: Final = frozenset({"thinking", "redacted_thinking"})
 _ANTHROPIC_KEYS: Final = frozenset(
-    {"cache_control", "citations", "thinking_blocks", *TOOL_USE_KEYS, *TOOL_RESULT_KEYS}
+    {
+        "cache_control",
+        "citations",
+        "thinking_blocks",
+        "context_management",
+        *TOOL_USE_KEYS,
+        *TOOL_RESULT_KEYS,
+    }
 )
 """Keys the chat form carries for Anthropic only, at any level."""
+_USERS: Final = frozenset({"user", "tool"})
 
 
 def parse_request(raw: bytes, *, counting: bool = False) -> InboundRequest:
@@ -119,8 +137,8 @@ def from_request(body: Mapping[str, Any]) -> InboundRequest:
             native[key] = value
             if key == "stop_sequences" and value:
                 chat["stop"] = list(value)
-            elif key == "cache_control" and value:
-                chat["cache_control"] = value
+            elif key in _READ_FROM_NATIVE and value:
+                chat[key] = value
             elif key == "tool_choice":
                 chat.update(_tool_choice(value))
     return InboundRequest(chat, native)
@@ -145,11 +163,28 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         content = system if isinstance(system, str) else [dict(block) for block in system]
         messages.append({"role": "system", "content": content})
     for turn in body.get("messages") or ():
-        if turn.get("role") == "assistant":
+        role = turn.get("role")
+        if role == "assistant":
             messages.append(_assistant(turn.get("content")))
+        elif role == "system":
+            messages.append(_system_turn(turn))
         else:
             messages.extend(_user(turn.get("content")))
     return messages
+
+
+def _system_turn(turn: Mapping[str, Any]) -> dict[str, Any]:
+    """A mid-conversation system message: a system message marked as a turn of the history
+    (``SYSTEM_TURN``), its content as it came (text blocks as text parts, tool changes as
+    parts of their own type) and its other keys (``clear_at``, ``output_config``) kept."""
+    message = {key: value for key, value in turn.items() if key != "content"}
+    message[SYSTEM_TURN] = True
+    content = turn.get("content")
+    if isinstance(content, list):
+        message["content"] = [dict(block) for block in content]
+    elif "content" in turn:
+        message["content"] = content
+    return message
 
 
 def _user(content: Any) -> list[dict[str, Any]]:
@@ -285,7 +320,11 @@ def openai_request(chat: Mapping[str, Any]) -> dict[str, Any]:
     tool's Anthropic keys), images in tool results moved to a user message right after
     them (OpenAI takes images from users only), and usage asked for when streaming (the
     Messages stream ends with it). A content list left empty becomes ``""`` (``null`` for
-    an assistant)."""
+    an assistant). A mid-conversation system message stays a system message in its place
+    (OpenAI's chat API takes them anywhere) as text, with a line for each tool change in
+    it; one the client asked to show only until the next user turn
+    (``clear_at: "next_user_message"``) is left out once one follows, and one with no
+    content (``output_config`` alone) is left out."""
     request = {
         key: value
         for key, value in chat.items()
@@ -312,13 +351,21 @@ def openai_request(chat: Mapping[str, Any]) -> dict[str, Any]:
     return request
 
 
-def _openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _openai_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     media: list[dict[str, Any]] = []  # from the tool results just passed
-    for message in messages:
+    # On Anthropic's wire tool results are user turns too.
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") in _USERS), default=-1)
+    for index, message in enumerate(messages):
         if media and message.get("role") != "tool":
             out.append({"role": "user", "content": media})
             media = []
+        if is_system_turn(message):
+            shown = index > last_user or message.get("clear_at") != "next_user_message"
+            text = _system_turn_text(message.get("content")) if shown else ""
+            if text:
+                out.append({"role": "system", "content": text})
+            continue
         converted = _openai_message(message)
         content = converted.get("content")
         if converted.get("role") == "tool" and isinstance(content, list):
@@ -328,6 +375,27 @@ def _openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     if media:
         out.append({"role": "user", "content": media})
     return out
+
+
+def _system_turn_text(content: Any) -> str:
+    """A mid-conversation system message as the text an OpenAI-compatible model is given
+    in its place: its text, and a line for each tool it makes available or withdraws (the
+    request's ``tools`` list them all on that wire)."""
+    if not isinstance(content, list):
+        return content if isinstance(content, str) else ""
+    lines = []
+    for block in content:
+        kind = block.get("type")
+        tool = block.get("tool") if isinstance(block.get("tool"), Mapping) else {}
+        name = tool.get("name") or (tool.get("definition") or {}).get("name")
+        name = name or tool.get("server_name") or "a tool"
+        if kind == "text" and block.get("text"):
+            lines.append(str(block["text"]))
+        elif kind == "tool_addition":
+            lines.append(f"[The tool {name} is available from here on.]")
+        elif kind == "tool_removal":
+            lines.append(f"[The tool {name} is no longer available from here on.]")
+    return "\n\n".join(lines)
 
 
 def _openai_message(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
+from gateway.codecs.anthropic import THINKING_BINDING_BETA, unbinding, with_beta
 from gateway.compaction import compact_request
 from gateway.exchange import Buffered, exchange
 from gateway.relay import buffered_response, streamed_response
@@ -30,7 +31,15 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
         request.headers.items(), gateway.upstream_key(chat.caller, model)
     )
     headers["content-type"] = "application/json"
-    wire = ChatWire(gateway.upstream_for(model))
+    upstream = gateway.upstream_for(model)
+    wire = ChatWire(upstream)
+    bound = upstream is gateway.anthropic and gateway.pipeline.catalog.lookup(model).thinking_bound
+    binding = unbinding(chat.body.get("thinking")) if bound and chat.rewritten else None
+    if binding is not None:
+        # As on the Messages route: thinking blocks the client sends back after what the
+        # gateway rewrote are dropped by the API, not refused.
+        wire = ChatWire(upstream, lambda outgoing: {**outgoing, "thinking": binding})
+        headers = with_beta(headers, THINKING_BINDING_BETA)
     answer = await exchange(request, chat, wire, headers, request_id=request_id, started=started)
     if isinstance(answer, Buffered):
         return buffered_response(answer.response, answer.body, answer.headers, answer.status)

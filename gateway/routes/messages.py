@@ -27,6 +27,7 @@ from anthropic.types.beta import MessageCountTokensParams as BetaCountTokensPara
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
+from gateway.codecs.anthropic import THINKING_BINDING_BETA, unbinding, with_beta
 from gateway.codecs.anthropic_inbound import (
     EventTranslator,
     error_from_openai,
@@ -74,11 +75,18 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     )
     upstream = gateway.upstream_for(model)
     if upstream is gateway.anthropic:
-        reserve = gateway.pipeline.catalog.lookup(model).output_reserve
+        info = gateway.pipeline.catalog.lookup(model)
+        native = inbound.native
+        binding = unbinding(native.get("thinking")) if info.thinking_bound else None
+        if binding is not None and chat.rewritten:
+            # What the gateway rewrote is before some of the client's thinking blocks: the
+            # API drops those (the model wrote them on another prefix) instead of refusing.
+            native = {**native, "thinking": binding}
+            headers = with_beta(headers, THINKING_BINDING_BETA)
         answer = await exchange(
             request,
             chat,
-            MessagesWire(gateway.anthropic, inbound.native, reserve),
+            MessagesWire(gateway.anthropic, native, info.output_reserve),
             headers,
             request_id=request_id,
             started=started,

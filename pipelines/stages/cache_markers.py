@@ -59,7 +59,7 @@ from typing import Any, Final, NamedTuple
 
 from pipelines.cache_break import Fingerprints, fingerprint, predicted_break
 from pipelines.conversation import Conversation
-from pipelines.messages import Message
+from pipelines.messages import Message, is_system_turn
 from pipelines.stage import StageContext
 
 __all__ = ["CacheMarkers", "cache_key"]
@@ -243,7 +243,9 @@ class _Prompt:
         anthropic: bool,
     ) -> None:
         self.messages, self.tools, self.anthropic, self._ctx = messages, tools, anthropic, ctx
-        flags = [m.get("role") in _SYSTEM_ROLES for m in messages]
+        # Anthropic takes system messages apart, before the history, but for a system
+        # turn of the history, which stays in its place.
+        flags = [m.get("role") in _SYSTEM_ROLES and not is_system_turn(m) for m in messages]
         self.system = [i for i, is_system in enumerate(flags) if is_system]
         # The messages whose blocks follow one another in the Messages API's messages.
         self.counted = (
@@ -460,23 +462,35 @@ def _keyed(conversation: Conversation, ctx: StageContext, min_tokens: int) -> Co
 
 
 def _predict(conversation: Conversation, ctx: StageContext) -> None:
-    """Name the cache break this request causes, if any, and keep its fingerprints (and
-    where its rolling breakpoint was) for the next request of the conversation."""
+    """Name the cache break this request causes, if any, and keep what the next request of
+    the conversation is compared with: its fingerprints, the digest of its messages as
+    they go up, and where its rolling breakpoint was.
+
+    A break is what the provider's cache will see: the model, the system prompt or the
+    tools changed, the messages the previous request sent are not the start of this one's
+    (a compaction rewrote them), or the cache's TTL ran out. Whether a stage ran says
+    nothing by itself: a compaction that keeps its cut sends the same prefix again."""
     messages = conversation.messages
     hoisted = ctx.model.family == "anthropic"
     now = Fingerprints.of(ctx.model_name, messages, conversation.tools, hoisted=hoisted)
     report, state = ctx.report, ctx.state
-    applied = report.compaction() if report is not None else None
-    compaction = fingerprint(applied) if applied is not None else ""
+    prints = [
+        ctx.counter.fingerprint(m)
+        for m in messages
+        if not (hoisted and m.get("role") in _SYSTEM_ROLES and not is_system_turn(m))
+    ]
+    prompt = hashlib.blake2b(digest_size=16)
+    kept: bool | None = None
+    for count, print_ in enumerate(prints, 1):
+        prompt.update(print_)
+        if state is not None and count == state.sent_prompt_messages:
+            kept = prompt.hexdigest() == state.sent_prompt
     if state is not None:
-        event = report is not None and (
-            report.moved
-            or bool(applied and applied[-1])
-            or bool(state.compaction_hash and compaction != state.compaction_hash)
-        )
+        if state.sent_prompt and kept is None:
+            kept = False  # fewer messages than went up last time
         before = Fingerprints(state.model_hash, state.system_hash, state.tool_hashes)
         expired = report is not None and report.cache == "expired"
-        found = predicted_break(before, now, compaction=event, expired=expired)
+        found = predicted_break(before, now, compaction=kept is False, expired=expired)
         if found is not None:
             cause, detail = found
             ctx.record(cache_break=cause)
@@ -486,7 +500,8 @@ def _predict(conversation: Conversation, ctx: StageContext) -> None:
         model_hash=now.model,
         system_hash=now.system,
         tool_hashes=now.tools,
-        compaction_hash=compaction,
         sent_messages=len(messages),
         sent_last=fingerprint(messages[-1]) if messages else "",
+        sent_prompt=prompt.hexdigest(),
+        sent_prompt_messages=len(prints),
     )

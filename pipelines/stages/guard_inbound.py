@@ -3,7 +3,8 @@
 A pasted log or document of hundreds of thousands of tokens in one turn would force the
 rest of the conversation out of the window, so it is refused up front (400
 ``payload_too_large``) with the count and the limit, and nothing is sent upstream. Only the
-new turn counts: the trailing user messages after the last message of any other role.
+new turn counts: the trailing user messages after the last message of any other role (a
+system turn among them, as Claude Code sends one after the user's message, counts too).
 History is the other stages' business, and tool outputs are the filter's.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from pipelines.conversation import Conversation
 from pipelines.errors import RequestRejected
+from pipelines.messages import is_system_turn
 from pipelines.stage import StageContext
 
 __all__ = ["GuardInbound"]
@@ -25,7 +27,9 @@ class GuardInbound:
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         messages = conversation.messages
         start = len(messages)
-        while start > 0 and messages[start - 1].get("role") == "user":
+        while start > 0 and (
+            messages[start - 1].get("role") == "user" or is_system_turn(messages[start - 1])
+        ):
             start -= 1
         tokens = sum(ctx.tokens.message(message) for message in messages[start:])
         limit = ctx.policy.block_tokens

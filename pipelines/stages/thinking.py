@@ -1,12 +1,18 @@
 """Stage 1: reasoning cleanup, by the model's thinking style in the catalog.
 
-- ``anthropic``: ``reasoning_content`` (an OpenAI-compatible field Claude does not take) is
-  dropped; ``thinking`` and ``redacted_thinking`` blocks are kept, signatures and all, on
-  the assistant messages of the current turn (after the last user message, where the API
-  needs them during tool use; a user message right after tool results is part of their
-  user turn on the wire, not a new one) and dropped from older turns. The blocks come
-  either as content parts or, as the gateway's Anthropic codec carries them, in an
+- ``anthropic``: ``thinking`` and ``redacted_thinking`` blocks (signatures and all) are
+  kept where the model keeps them. A request that asks for its own thinking cleanup
+  (Anthropic's ``context_management`` edit ``clear_thinking_20251015``, as Claude Code
+  sends with ``keep: "all"``) has every block kept as sent: the API applies the edit.
+  Otherwise the model's default decides (the catalog's ``keeps_thinking``): a model that
+  keeps earlier turns' thinking (Claude Opus 4.5 and later) is sent every block; another
+  only those of the current turn (after the last user message, where the API needs them
+  during tool use; a user message right after tool results is part of their user turn on
+  the wire, not a new one), the older ones dropped, which the API would ignore. The blocks
+  come either as content parts or, as the gateway's Anthropic codec carries them, in an
   assistant message's ``thinking_blocks`` list; both are treated alike.
+  ``reasoning_content`` is left as it is: no Anthropic wire carries it (the codecs leave it
+  out), so removing it would change nothing that goes up.
 - ``reasoning_echo`` (DeepSeek, Kimi, MiMo): ``reasoning_content`` is dropped from assistant
   messages before the last user message, except on those with ``tool_calls``, which the
   APIs reject without it; an assistant tool-call message lacking it gets a short non-empty
@@ -20,7 +26,7 @@ arrives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -28,9 +34,11 @@ from pipelines.conversation import Conversation
 from pipelines.messages import Message
 from pipelines.stage import StageContext
 
-__all__ = ["REASONING_PLACEHOLDER", "Thinking"]
+__all__ = ["CLEAR_THINKING", "REASONING_PLACEHOLDER", "Thinking"]
 
 REASONING_PLACEHOLDER: Final = "(reasoning not retained)"
+CLEAR_THINKING: Final = "clear_thinking_20251015"
+"""Anthropic's context-management edit that clears earlier thinking."""
 _THINKING_PARTS: Final = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -40,6 +48,8 @@ class Thinking:
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         style = ctx.model.thinking
+        if style == "anthropic" and (ctx.model.keeps_thinking or _edits_thinking(conversation)):
+            return conversation
         messages = conversation.messages
         if not any(_may_change(message, style) for message in messages):
             return conversation
@@ -53,8 +63,8 @@ class Thinking:
             current_turn = index > last_user
             new = message
             has_reasoning = "reasoning_content" in message
-            keep_reasoning = style == "reasoning_echo" and (
-                current_turn or bool(message.get("tool_calls"))
+            keep_reasoning = style == "anthropic" or (
+                style == "reasoning_echo" and (current_turn or bool(message.get("tool_calls")))
             )
             if has_reasoning and not keep_reasoning:
                 new = {k: v for k, v in new.items() if k != "reasoning_content"}
@@ -81,6 +91,16 @@ class Thinking:
         return conversation.with_messages(rewritten)
 
 
+def _edits_thinking(conversation: Conversation) -> bool:
+    """Whether the request asks the API to clear thinking itself (a
+    ``clear_thinking_20251015`` edit in its ``context_management``)."""
+    management = conversation.get("context_management")
+    edits = management.get("edits") if isinstance(management, Mapping) else None
+    return isinstance(edits, list) and any(
+        isinstance(edit, Mapping) and edit.get("type") == CLEAR_THINKING for edit in edits
+    )
+
+
 def _last_user_turn(messages: Sequence[Message], *, joined: bool) -> int:
     """The index of the last user message; with ``joined`` (Anthropic's wire, where user
     messages right after tool results join the results' user turn), of the last one that
@@ -103,7 +123,7 @@ def _may_change(message: Message, style: str) -> bool:
     if message.get("role") != "assistant":
         return False
     return (
-        "reasoning_content" in message
+        ("reasoning_content" in message and style != "anthropic")
         or "thinking_blocks" in message
         or type(message.get("content")) is list
         or (style == "reasoning_echo" and bool(message.get("tool_calls")))

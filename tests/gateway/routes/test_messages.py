@@ -638,12 +638,16 @@ def test_a_clients_own_markers_stay_and_the_total_stays_within_four(
     assert added > 20
 
 
+@pytest.mark.parametrize(
+    ("model", "older_kept"), [("claude-haiku-4-5", False), ("claude-sonnet-4-6", True)]
+)
 def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
-    client: anthropic.Anthropic, upstream: MockUpstream
+    client: anthropic.Anthropic, upstream: MockUpstream, model: str, older_kept: bool
 ) -> None:
     """In a tool loop the current turn's thinking blocks reach Anthropic exactly as the
-    client sent them (signature and redacted data included); an older turn's are dropped,
-    as the API would."""
+    client sent them (signature and redacted data included); an older turn's are dropped
+    for a model that would ignore them, and kept for one that keeps earlier thinking
+    (Claude 4.6)."""
     thinking = {"type": "thinking", "thinking": "Paris first.", "signature": "c2lnbmF0dXJl"}
     redacted = {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
     call = {
@@ -665,7 +669,7 @@ def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
     ]
     upstream.push(JSONReply(ANSWER))
     client.messages.create(
-        model="claude-sonnet-4-6",
+        model=model,
         max_tokens=2_000,
         messages=messages,
         tools=[WEATHER],  # type: ignore[list-item]
@@ -677,7 +681,8 @@ def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
         redacted,
         call,
     ]
-    assert sent[1]["content"] == [{"type": "text", "text": "Hello."}]
+    older = [old] if older_kept else []
+    assert sent[1]["content"] == [*older, {"type": "text", "text": "Hello."}]
     assert sent[4]["content"][0]["tool_use_id"] == "toolu_2"
 
 

@@ -18,6 +18,7 @@ from pipelines import (
     Policy,
     StageContext,
 )
+from pipelines.cache_break import without_markers
 from pipelines.stages.cache_markers import CacheMarkers, cache_key
 from tests.pipelines.stages.cache_replay import COUNTER, to_anthropic, trajectories
 from tests.pipelines.stages.cache_replay import replay as replay_traces
@@ -408,9 +409,10 @@ async def test_an_idle_conversation_breaks_on_the_ttl_and_compaction_outranks_it
 
 
 async def test_a_compaction_event_is_a_break() -> None:
-    """A request whose compaction differs from the previous one's records a
-    ``compaction`` break: compress cutting the history for the first time, or (the cache's
-    TTL passed) the cache-TTL prune archiving old tool outputs, which outranks the TTL."""
+    """A request whose messages do not start with those the previous one sent records a
+    ``compaction`` break (compress cutting the history for the first time); one whose
+    rewrites all come after them (the cache-TTL prune archiving outputs the previous
+    request did not have) leaves that prefix alone: only the expired TTL breaks it."""
     from gateway.store import MemoryStore
 
     policy = Policy(max_input=4_000)
@@ -430,7 +432,11 @@ async def test_a_compaction_event_is_a_break() -> None:
         assert later.report.is_event_after(sent.report)
         acted = "compress" if cache == "hot" else "ttl_prune"
         assert acted in later.report.actions
-        assert later.report.cache_break == "compaction"
+        went_up = [without_markers(m) for m in sent.request["messages"]]
+        now_up = [without_markers(m) for m in later.request["messages"]]
+        extends = now_up[: len(went_up)] == went_up
+        assert extends is (cache == "expired")
+        assert later.report.cache_break == ("ttl" if extends else "compaction")
 
 
 async def test_a_diverged_history_is_not_a_break_and_old_records_still_load() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines import Pipeline, Policy
 from pipelines.stages.thinking import REASONING_PLACEHOLDER, Thinking
 from tests.pipelines.stages.conftest import run_stage
 
@@ -41,13 +42,60 @@ def conversation() -> list[dict[str, Any]]:
 
 
 async def test_anthropic_keeps_current_turn_blocks_only() -> None:
-    """Claude: reasoning_content goes everywhere; thinking blocks stay, signatures intact,
-    only on the current turn's assistant messages."""
+    """Claude that drops earlier turns' thinking: thinking blocks stay, signatures intact,
+    only on the current turn's assistant messages; reasoning_content, which no Anthropic
+    wire carries, is left as it is."""
     out = (await run_stage(Thinking(), conversation(), model="claude-sonnet-4-5")).request
     messages = out["messages"]
-    assert all("reasoning_content" not in m for m in messages)
+    assert [m.get("reasoning_content") for m in messages] == [
+        m.get("reasoning_content") for m in conversation()
+    ]
     assert messages[4]["content"] == [{"type": "text", "text": "Old answer"}]
     assert messages[6]["content"] == [REDACTED, THINK, {"type": "text", "text": "Checking"}]
+
+
+async def test_a_model_that_keeps_earlier_thinking_is_sent_all_of_it() -> None:
+    """Claude Opus 4.5 and later keep earlier turns' thinking by default: every block goes
+    up as the client sent it and the stage reports no action."""
+    for model in ("claude-opus-4-6", "claude-sonnet-4-6", "claude-opus-5-5"):
+        result = await run_stage(Thinking(), codec_conversation(), model=model)
+        assert not result.changed
+        assert result.request["messages"] == codec_conversation()
+
+
+async def test_a_clients_clear_thinking_edit_is_left_to_the_api() -> None:
+    """A request that asks the API to clear thinking itself (Claude Code sends
+    ``clear_thinking_20251015`` with ``keep: "all"``) keeps every block, whatever the
+    model's default: the API applies the edit."""
+    management = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    request = {
+        "model": "claude-sonnet-4-5",
+        "messages": codec_conversation(),
+        "context_management": management,
+    }
+    result = await Pipeline(stages=[Thinking()]).compact(request, policy=Policy())
+    assert not result.changed
+    assert [m.get("thinking_blocks") for m in result.request["messages"]][1] == [THINK]
+
+
+async def test_reasoning_content_beside_blocks_is_no_action_for_claude() -> None:
+    """An assistant turn as the Messages codec carries it (blocks plus their text as
+    reasoning_content), all on the current turn: nothing changes on Claude's wire, so the
+    stage changes nothing and reports nothing."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": CALL,
+            "thinking_blocks": [THINK],
+            "reasoning_content": "let me think",
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    result = await run_stage(Thinking(), messages, model="claude-sonnet-4-5")
+    assert not result.changed
+    assert result.report.actions == []
 
 
 async def test_deepseek_keeps_tool_call_reasoning() -> None:

@@ -1,0 +1,468 @@
+"""Scripted models behind the mock upstream, for agents run end to end (Claude Code).
+
+``ClaudeModel`` answers the Messages API (``/v1/messages``, ``count_tokens``) and
+``ChatModel`` the chat completions API, each as a handler of ``MockUpstream``. Both act
+on the latest user text: every line ``RUN: <command>`` in it is one ``Bash`` tool call,
+made in order, one per answer, until each has its result; then the model answers with
+text that names the last result's size. Both check every request as their API does and
+answer a refused one with the API's 400, recording why in ``refusals``:
+
+- Messages: at most 4 ``cache_control`` breakpoints, no 1-hour breakpoint after a
+  5-minute one, every ``tool_use`` answered by a ``tool_result`` at the
+  head of the next user turn and every ``tool_result`` answering one, no empty text
+  block, a thinking block given back as it was signed, and (with thinking on) an
+  assistant turn still in its tool loop starting with its thinking block. For a model
+  that binds thinking to its prefix (``BOUND``: Claude Opus 5.5 and its kin), a thinking
+  block sent back after anything before it changed (tools, system, earlier messages,
+  markers aside) is refused, or dropped with every later one when the request asks for
+  that (``thinking.block_binding`` under its beta), as the API does;
+- chat: every tool call answered by a tool message right after its assistant message,
+  and no tool message without its call.
+
+``ClaudeModel`` bills each request on a model of Anthropic's prompt cache
+(``bench.prompt_cache.PrefixCache``, which refuses more than 4 breakpoints or a 1-hour one
+after a 5-minute one, as the API does); its answers' usage reports it, and ``prompts``
+holds each accepted request's prefix digests in cache order (tools, system, messages;
+markers are not content), for a test to tell whether a request extends the one before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import orjson
+
+from bench.prompt_cache import PrefixCache
+from pipelines import TokenCounter
+from tests.mock_upstream import JSONReply, Received, Reply, SSEReply, events_of
+
+__all__ = ["ChatModel", "ClaudeModel", "message_events"]
+
+RUN: Final = re.compile(r"^RUN: (.+)$", re.M)
+BOUND: Final = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5", "claude-fable-5-1")
+"""Models whose thinking blocks are bound to the prompt before them."""
+BINDING_BETA: Final = "thinking-binding-controls-2026-08-01"
+
+
+def message_events(message: Mapping[str, Any]) -> list[bytes]:
+    """A whole Messages answer as the stream Anthropic would send for it."""
+
+    def event(data: dict[str, Any]) -> bytes:
+        return f"event: {data['type']}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+    def delta(index: int, body: dict[str, Any]) -> bytes:
+        return event({"type": "content_block_delta", "index": index, "delta": body})
+
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    out = [event({"type": "message_start", "message": start})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "thinking":
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            if block["thinking"]:
+                out.append(delta(index, {"type": "thinking_delta", "thinking": block["thinking"]}))
+            out.append(delta(index, {"type": "signature_delta", "signature": block["signature"]}))
+        elif block["type"] == "text":
+            empty = {"type": "text", "text": ""}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            out.append(delta(index, {"type": "text_delta", "text": block["text"]}))
+        else:
+            empty = {**block, "input": {}}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            arguments = orjson.dumps(block["input"]).decode()
+            out.append(delta(index, {"type": "input_json_delta", "partial_json": arguments}))
+        out.append(event({"type": "content_block_stop", "index": index}))
+    end = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    out.append(
+        event(
+            {
+                "type": "message_delta",
+                "delta": end,
+                "usage": {"output_tokens": usage["output_tokens"]},
+            }
+        )
+    )
+    out.append(event({"type": "message_stop"}))
+    return out
+
+
+def _tokens(value: Any) -> int:
+    """A rough token count: a quarter of the JSON's length."""
+    return len(orjson.dumps(value)) // 4 + 1
+
+
+def _latest_user_text(turns: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+    """The text of the last user turn that carries text, and how many tool results
+    came after it (the commands already run for it)."""
+    results = 0
+    for turn in reversed(turns):
+        if turn.get("role") != "user":
+            continue
+        content = turn.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        results += sum(1 for b in blocks if b.get("type") == "tool_result")
+        text = "\n".join(
+            b.get("text", "")
+            for b in blocks
+            if b.get("type") == "text" and not b.get("text", "").startswith("<system-reminder>")
+        )
+        if RUN.search(text) or (
+            text.strip() and not any(b.get("type") == "tool_result" for b in blocks)
+        ):
+            return text, results
+    return "", results
+
+
+def _last_result_size(turns: Sequence[Mapping[str, Any]]) -> int:
+    for turn in reversed(turns):
+        content = turn.get("content")
+        if isinstance(content, list):
+            for block in reversed(content):
+                if block.get("type") == "tool_result":
+                    return len(orjson.dumps(block.get("content")))
+    return 0
+
+
+class ClaudeModel:
+    """A Claude behind ``/v1/messages``: checks, a prompt cache and scripted answers."""
+
+    def __init__(self, *, clock: Any = time.monotonic) -> None:
+        self.refusals: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        """Every Messages request body accepted, in order."""
+        self.prompts: list[list[bytes]] = []
+        """Each accepted request's prefix digests, one per block in cache order."""
+        self.usages: list[dict[str, int]] = []
+        self.dropped: list[int] = []
+        """Thinking blocks each accepted request had dropped (their prefix changed)."""
+        self.cache = PrefixCache(TokenCounter("o200k_base"))
+        self._clock = clock
+        self._signed: dict[str, bytes] = {}
+        """Signature -> the prefix digest its thinking block was written after."""
+        self._ids = itertools.count(1)
+
+    def __call__(self, received: Received) -> Reply | None:
+        path = received.path.split("?")[0]
+        if path == "/v1/messages/count_tokens":
+            tokens = sum(p.tokens for p in self.cache.positions(received.json()))
+            return JSONReply({"input_tokens": tokens})
+        if path != "/v1/messages":
+            return None
+        body = received.json()
+        positions = self.cache.positions(body)
+        problem = self._refused(body) or self._unbound(body, positions, received.headers)
+        usage = None
+        if problem is None:
+            try:
+                usage = self.cache.usage(body, self._clock())
+            except ValueError as exc:  # too many breakpoints, or out of TTL order
+                problem = str(exc)
+        if problem is not None or usage is None:
+            self.refusals.append(str(problem))
+            error = {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": problem},
+            }
+            return JSONReply(error, status=400)
+        self.requests.append(body)
+        self.prompts.append([p.prefix for p in positions])
+        self.usages.append(usage)
+        answer = self._answer(body, usage, positions[-1].prefix if positions else b"")
+        if body.get("stream"):
+            return SSEReply(message_events(answer), headers={"content-type": "text/event-stream"})
+        return JSONReply(answer)
+
+    def extends(self, later: int, earlier: int) -> bool:
+        """Whether accepted request ``later``'s prompt starts with all of ``earlier``'s."""
+        before, after = self.prompts[earlier], self.prompts[later]
+        return len(after) >= len(before) and after[len(before) - 1] == before[-1]
+
+    # -- the API's checks ------------------------------------------------------------------
+
+    def _refused(self, body: Mapping[str, Any]) -> str | None:
+        turns = body.get("messages") or []
+        thinking_on = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+        chat_turns = [t for t in turns if t.get("role") != "system"]
+        for index, turn in enumerate(turns):
+            content = turn.get("content")
+            if turn.get("role") not in ("user", "assistant", "system"):
+                return f"messages.{index}.role: unexpected {turn.get('role')!r}"
+            if not isinstance(content, list):
+                if content == "" and turn.get("role") != "system":
+                    return f"messages.{index}: content must be non-empty"
+                continue
+            if not content and turn.get("role") != "system":
+                return f"messages.{index}: content must be non-empty"
+            for number, block in enumerate(content):
+                where = f"messages.{index}.content.{number}"
+                if block.get("type") == "text" and not block.get("text"):
+                    return f"{where}.text: text content blocks must be non-empty"
+                if block.get("type") == "thinking" and block.get("signature") not in self._signed:
+                    return f"{where}: Invalid `signature` in `thinking` block"
+                if block.get("type") == "thinking" and turn.get("role") != "assistant":
+                    return f"{where}: thinking blocks are the assistant's"
+        for index, turn in enumerate(chat_turns):
+            content = turn.get("content") if isinstance(turn.get("content"), list) else []
+            if turn.get("role") == "assistant":
+                calls = [b["id"] for b in content if b.get("type") == "tool_use"]
+                after = chat_turns[index + 1] if index + 1 < len(chat_turns) else None
+                head = after.get("content") if after is not None else None
+                results = []
+                for block in head if isinstance(head, list) else ():
+                    if block.get("type") != "tool_result":
+                        break
+                    results.append(block.get("tool_use_id"))
+                if calls and after is not None and sorted(results) != sorted(calls):
+                    return (
+                        "`tool_use` ids were found without `tool_result` blocks immediately"
+                        f" after: {sorted(set(calls) - set(results))} (turn {index})"
+                    )
+            else:
+                earlier = chat_turns[index - 1] if index else {}
+                asked = {
+                    b.get("id")
+                    for b in earlier.get("content") or []
+                    if isinstance(b, Mapping) and b.get("type") == "tool_use"
+                }
+                for block in content:
+                    if block.get("type") == "tool_result" and block.get("tool_use_id") not in asked:
+                        return (
+                            f"unexpected `tool_use_id` in `tool_result`: {block.get('tool_use_id')}"
+                        )
+        last = chat_turns[-1].get("content") if chat_turns else None
+        in_loop = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
+        if thinking_on and in_loop and len(chat_turns) > 1:
+            previous = chat_turns[-2].get("content")
+            first = previous[0].get("type") if isinstance(previous, list) and previous else None
+            if first not in ("thinking", "redacted_thinking"):
+                return (
+                    f"Expected `thinking` or `redacted_thinking`, but found `{first}`. When"
+                    " `thinking` is enabled, a final `assistant` message must start with a"
+                    " thinking block"
+                )
+        return None
+
+    def _unbound(
+        self, body: Mapping[str, Any], positions: Sequence[Any], headers: Mapping[str, str]
+    ) -> str | None:
+        """For a model that binds thinking to its prefix: the refusal of a thinking block
+        whose prefix changed; under the beta, when the request asks for it, that block and
+        every later one dropped instead (counted in ``dropped``), as the API does."""
+        if not str(body.get("model", "")).startswith(BOUND):
+            self.dropped.append(0)
+            return None
+        binding = (body.get("thinking") or {}).get("block_binding") or {}
+        drop = binding.get("prefix_mismatch_behavior") == "drop_block"
+        if drop and BINDING_BETA not in headers.get("anthropic-beta", ""):
+            return f"thinking.block_binding: requires the {BINDING_BETA} beta"
+        blocks = [block for turn in body.get("messages") or () for block in _content(turn)]
+        start = len(positions) - len(blocks)  # tools and system come first
+        failed = dropped = 0
+        for index, block in enumerate(blocks):
+            if block.get("type") != "thinking":
+                continue
+            before = positions[start + index - 1].prefix if start + index else b""
+            if failed or self._signed.get(block.get("signature", "")) != before:
+                if not drop:
+                    return (
+                        "Invalid `signature` in `thinking` block. The block is bound to a"
+                        " different conversation."
+                    )
+                failed, dropped = 1, dropped + 1
+        self.dropped.append(dropped)
+        return None
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def _answer(
+        self, body: Mapping[str, Any], usage: dict[str, int], prefix: bytes
+    ) -> dict[str, Any]:
+        turns = [t for t in body.get("messages") or () if t.get("role") != "system"]
+        text, done = _latest_user_text(turns)
+        commands = RUN.findall(text)
+        content: list[dict[str, Any]] = []
+        thinking = body.get("thinking") or {}
+        if thinking.get("type") in ("enabled", "adaptive"):
+            shown = (
+                "" if thinking.get("display") == "omitted" else f"Thinking about step {done + 1}."
+            )
+            signature = hashlib.sha256(f"{next(self._ids)}:{shown}".encode()).hexdigest()
+            self._signed[signature] = prefix
+            content.append({"type": "thinking", "thinking": shown, "signature": signature})
+        number = next(self._ids)
+        if done < len(commands):
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{number:06d}",
+                    "name": "Bash",
+                    "input": {"command": commands[done], "description": f"Step {done + 1}"},
+                }
+            )
+            stop = "tool_use"
+        else:
+            size = _last_result_size(turns)
+            content.append({"type": "text", "text": f"Done after {done} commands ({size} bytes)."})
+            stop = "end_turn"
+        return {
+            "id": f"msg_{number:06d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {**usage, "output_tokens": 20},
+        }
+
+
+def _content(turn: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    content = turn.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]  # as ``PrefixCache`` counts it
+    return list(content or ())
+
+
+class ChatModel:
+    """An OpenAI-compatible model behind ``/v1/chat/completions``, answering as
+    ``ClaudeModel`` does, with tool calls and usage (its prompt cache: the longest prefix
+    of messages seen before)."""
+
+    def __init__(self) -> None:
+        self.refusals: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        self._seen: set[bytes] = set()
+        self._ids = itertools.count(1)
+
+    def __call__(self, received: Received) -> Reply | None:
+        if received.path.split("?")[0] != "/v1/chat/completions":
+            return None
+        body = received.json()
+        problem = self._refused(body.get("messages") or [])
+        if problem is not None:
+            self.refusals.append(problem)
+            error = {
+                "message": problem,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": None,
+            }
+            return JSONReply({"error": error}, status=400)
+        self.requests.append(body)
+        return self._answer(body)
+
+    @staticmethod
+    def _refused(messages: Sequence[Mapping[str, Any]]) -> str | None:
+        for index, message in enumerate(messages):
+            if message.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+                return f"messages[{index}].role: unexpected {message.get('role')!r}"
+            if message.get("role") == "assistant" and message.get("tool_calls"):
+                wanted = {call["id"] for call in message["tool_calls"]}
+                after = itertools.takewhile(
+                    lambda m: m.get("role") == "tool", messages[index + 1 :]
+                )
+                answered = {m.get("tool_call_id") for m in after}
+                if wanted - answered:
+                    return (
+                        "An assistant message with 'tool_calls' must be followed by tool messages"
+                        f" responding to each 'tool_call_id'. Missing: {sorted(wanted - answered)}"
+                    )
+            if message.get("role") == "tool":
+                earlier = [m for m in messages[:index] if m.get("role") != "tool"]
+                calls = (earlier[-1].get("tool_calls") or []) if earlier else []
+                if message.get("tool_call_id") not in {c.get("id") for c in calls}:
+                    return f"messages[{index}]: a tool message must answer a preceding tool call"
+        return None
+
+    def _answer(self, body: Mapping[str, Any]) -> Reply:
+        messages = body.get("messages") or []
+        prompt = _tokens(messages) + _tokens(body.get("tools") or [])
+        cached, digest = 0, hashlib.sha256()
+        for message in messages:
+            digest.update(orjson.dumps(message))
+            if digest.digest() in self._seen:
+                cached = _tokens(messages[: messages.index(message) + 1])
+        prefix = hashlib.sha256()
+        for message in messages:
+            prefix.update(orjson.dumps(message))
+            self._seen.add(prefix.digest())
+        turns = []
+        for message in messages:
+            if message.get("role") == "tool":
+                turns.append(
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "content": message.get("content")}],
+                    }
+                )
+            elif message.get("role") == "user":
+                content = message.get("content")
+                parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+                turns.append({"role": "user", "content": parts})
+        text, done = _latest_user_text(turns)
+        commands = RUN.findall(text)
+        number = next(self._ids)
+        reply: dict[str, Any] = {"role": "assistant", "content": None}
+        if done < len(commands):
+            arguments = orjson.dumps({"command": commands[done], "description": f"Step {done + 1}"})
+            reply["tool_calls"] = [
+                {
+                    "id": f"call_{number:06d}",
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": arguments.decode()},
+                }
+            ]
+            finish = "tool_calls"
+        else:
+            reply["content"] = f"Done after {done} commands ({_last_result_size(turns)} bytes)."
+            finish = "stop"
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": 20,
+            "total_tokens": prompt + 20,
+            "prompt_tokens_details": {"cached_tokens": min(cached, prompt)},
+        }
+        completion_id = f"chatcmpl-{number:06d}"
+        if not body.get("stream"):
+            return JSONReply(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                    "usage": usage,
+                }
+            )
+
+        def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+            return {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            }
+
+        chunks = [chunk({"role": "assistant", "content": ""})]
+        if reply.get("tool_calls"):
+            call = reply["tool_calls"][0]
+            chunks.append(chunk({"tool_calls": [{"index": 0, **call}]}))
+        else:
+            chunks.append(chunk({"content": reply["content"]}))
+        chunks.append(chunk({}, finish))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**chunk({}), "choices": [], "usage": usage})
+        return SSEReply(events_of(chunks))
