@@ -11,7 +11,8 @@ the relay and the summarizer work unchanged for ``claude-*`` models.
 The SDK client is made once (its own HTTP pool, the upstream timeouts, ``max_retries=0``:
 retries are the caller's, as with any upstream, so they never multiply) and copied per
 request with the caller's key (``Authorization: Bearer`` or ``x-api-key``, or the tenant's
-upstream key). A client's ``anthropic-version`` and ``anthropic-beta`` headers go along.
+upstream key). The client's headers go along (``anthropic-version``, ``anthropic-beta``,
+``user-agent``, ...), but for those the SDK sets for its own call (``_OWN``).
 An error status comes back with the same status and an OpenAI error envelope; an error in
 the middle of a stream ends it with one ``{"error": ...}`` event.
 """
@@ -41,7 +42,13 @@ from gateway.upstream import ResponseReading, json_answer, redacted
 
 __all__ = ["AnthropicUpstream"]
 
-_PASSED: Final = ("anthropic-version", "anthropic-beta")
+_OWN: Final = frozenset(
+    {"authorization", "x-api-key", "content-type", "accept", "accept-encoding", "connection"}
+)
+"""Headers the SDK sets for the request it makes (the key, the body's type, its transfer),
+with the ``x-stainless-*`` ones (the HTTP client making the call: its language, version,
+retry count and timeout). The client's other headers go along (``anthropic-version``,
+``anthropic-beta``, ``user-agent``, Claude Code's ``x-app`` and session id, ...)."""
 _RELAYED: Final = frozenset({"retry-after", "retry-after-ms", "request-id"})
 """Headers of an Anthropic error answer the client should see (its SDK's backoff)."""
 
@@ -143,7 +150,11 @@ class AnthropicUpstream(ResponseReading):
     ) -> httpx.Response:
         key = _key(headers)
         client = self._client.with_options(api_key=key)
-        extra = {name: headers[name] for name in _PASSED if name in headers}
+        extra = {
+            name: value
+            for name, value in headers.items()
+            if name not in _OWN and not name.startswith("x-stainless-")
+        }
         extra["content-type"] = "application/json"
         try:
             response = await client.post(

@@ -55,10 +55,13 @@ MAX_ATTEMPTS: Final = 3
 
 
 class UsageTracker(Protocol):
-    """The usage a stream reports, read event by event, in OpenAI form."""
+    """The usage a stream reports, read event by event, in OpenAI form, and its id."""
 
     @property
     def usage(self) -> dict[str, Any] | None: ...
+
+    @property
+    def answer_id(self) -> str | None: ...
 
     def add(self, event: bytes) -> None: ...
 
@@ -93,6 +96,10 @@ class Wire(Protocol):
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
         """The OpenAI-form usage of a whole answer, if it says."""
+        ...
+
+    def answer_id(self, body: bytes) -> str | None:
+        """The id the upstream gave a whole answer, if any."""
         ...
 
     def usage_tracker(self) -> UsageTracker: ...
@@ -214,6 +221,7 @@ async def exchange(
     # The first answer's usage is the conversation's: its next request has none of the
     # restore rounds' turns (the client's body still adds every round up).
     usage = wire.usage(body) if response.is_success else None
+    answer_id = wire.answer_id(body) if response.is_success else None
     if response.is_success and restorer is not None:
         try:
             body = await while_connected(
@@ -229,7 +237,7 @@ async def exchange(
         if cause is not None:
             ours[CACHE_BREAK_HEADER] = cause
         notes["usage"], notes["cache_break"] = usage, cause
-        _remember(gateway, chat, sent_at, usage, restorer is not None)
+        _remember(gateway, chat, sent_at, usage, answer_id, restorer is not None)
     return Buffered(response, body, ours)
 
 
@@ -238,9 +246,10 @@ def _remember(
     chat: ChatRequest,
     sent_at: float,
     usage: dict[str, Any] | None,
+    answer_id: str | None,
     restore_tool: bool,
 ) -> None:
-    state = chat.result.state.answered(at=sent_at, usage=usage)
+    state = chat.result.state.answered(at=sent_at, usage=usage, answer_id=answer_id)
     gateway.remember(
         chat.namespace, chat.conversation, state.with_restore_tool() if restore_tool else state
     )
@@ -356,7 +365,14 @@ class _Remembering:
         usage = self._tracker.usage
         cause = note_cache_break(self._gateway.metrics, self._chat, usage)
         self._notes["usage"], self._notes["cache_break"] = usage, cause
-        _remember(self._gateway, self._chat, self._sent_at, usage, self._restore_tool)
+        _remember(
+            self._gateway,
+            self._chat,
+            self._sent_at,
+            usage,
+            self._tracker.answer_id,
+            self._restore_tool,
+        )
         with anyio.CancelScope(shield=True):
             for events in (self._events, self._upstream):
                 await close(events)

@@ -67,6 +67,9 @@ class ChatWire:
     def usage(self, body: bytes) -> dict[str, Any] | None:
         return _usage(body)
 
+    def answer_id(self, body: bytes) -> str | None:
+        return _answer_id(body)
+
     def usage_tracker(self) -> _ChunkUsage:
         return _ChunkUsage()
 
@@ -121,6 +124,9 @@ class MessagesWire:
         usage = _usage(body)
         return _with_writes(usage) if usage is not None else None
 
+    def answer_id(self, body: bytes) -> str | None:
+        return _answer_id(body)
+
     def usage_tracker(self) -> _EventUsage:
         return _EventUsage()
 
@@ -155,16 +161,29 @@ def _usage(body: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
+def _answer_id(body: bytes) -> str | None:
+    """The ``id`` of a JSON answer (a chat completion or chunk, a Messages answer)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    found = data.get("id") if isinstance(data, dict) else None
+    return found if isinstance(found, str) else None
+
+
 class _ChunkUsage:
     """A chat stream's usage: its usage chunk (some providers repeat a running total in
-    every chunk: the last one counts)."""
+    every chunk: the last one counts); and its id, the first event's."""
 
-    __slots__ = ("usage",)
+    __slots__ = ("answer_id", "usage")
 
     def __init__(self) -> None:
         self.usage: dict[str, Any] | None = None
+        self.answer_id: str | None = None
 
     def add(self, event: bytes) -> None:
+        if self.answer_id is None:
+            self.answer_id = _answer_id(event_data(event)) or ""
         if b'"usage"' not in event:
             return
         data = event_data(event)
@@ -173,13 +192,14 @@ class _ChunkUsage:
 
 
 class _EventUsage:
-    """A Messages stream's usage: ``message_start`` gives the input side, each
-    ``message_delta`` updates it; kept in Anthropic form, read in OpenAI form."""
+    """A Messages stream's usage: ``message_start`` gives the input side (and the id),
+    each ``message_delta`` updates it; kept in Anthropic form, read in OpenAI form."""
 
-    __slots__ = ("_usage",)
+    __slots__ = ("_usage", "answer_id")
 
     def __init__(self) -> None:
         self._usage: dict[str, Any] = {}
+        self.answer_id: str | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -197,6 +217,8 @@ class _EventUsage:
         if data.get("type") == "message_start":
             message = data.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
+            found = message.get("id") if isinstance(message, dict) else None
+            self.answer_id = found if isinstance(found, str) else ""
         else:
             usage = data.get("usage")
         if isinstance(usage, dict):

@@ -37,6 +37,8 @@ HOT_HIT_RATE: Final = 0.35
 """Provider cache-hit rate at or above which the cache is taken to be working."""
 COLD_HIT_RATE: Final = 0.12
 """Hit rate under which, on a stable sample, the cache is taken not to be working."""
+ANSWER_IDS: Final = 16
+"""Answer ids a conversation's record keeps."""
 _STABLE_CALLS: Final = 2
 _STABLE_TOKENS: Final = 4_000
 
@@ -103,6 +105,10 @@ class ConversationState:
     ``sent_prompt_messages`` messages have the same digest extends that prompt."""
     sent_prompt_messages: int = 0
     """How many messages ``sent_prompt`` covers."""
+    answer_ids: tuple[str, ...] = ()
+    """The ids the upstream gave the conversation's last answers (at most
+    ``ANSWER_IDS``), oldest first: an answer translated for another API gets an id of the
+    gateway's own when the upstream's repeats one of them (or is empty)."""
 
     def follows(self, messages: Sequence[Message]) -> bool:
         """Whether ``messages`` continue the previous request of this record."""
@@ -139,11 +145,26 @@ class ConversationState:
         }
         return cls(**values)
 
-    def answered(self, *, at: float, usage: Mapping[str, Any] | None = None) -> ConversationState:
-        """This state after a request sent upstream at ``at`` with ``usage`` reported."""
+    def answered(
+        self,
+        *,
+        at: float,
+        usage: Mapping[str, Any] | None = None,
+        answer_id: str | None = None,
+    ) -> ConversationState:
+        """This state after a request sent upstream at ``at`` with ``usage`` reported and
+        its answer's id ``answer_id``."""
         prompt, cached = usage_of(usage)
+        ids = self.answer_ids
+        if answer_id:
+            ids = (*ids, answer_id)[-ANSWER_IDS:]
         return _replace(
-            self, last_seen=at, calls=self.calls + 1, prompt_tokens=prompt, cached_tokens=cached
+            self,
+            last_seen=at,
+            calls=self.calls + 1,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            answer_ids=ids,
         )
 
     def with_restore_tool(self) -> ConversationState:

@@ -22,7 +22,8 @@ The mapping (only the first choice is read):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import secrets
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 import jiter
@@ -30,6 +31,7 @@ import orjson
 
 __all__ = [
     "EventTranslator",
+    "answer_id",
     "error_body",
     "error_from_openai",
     "error_status",
@@ -67,8 +69,19 @@ _STREAM_ERRORS: Final = {
 """OpenAI error types and codes (the gateway's own among them) met in a stream."""
 
 
-def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
-    """The Messages answer (``"type": "message"``) for chat completion ``completion``."""
+def answer_id(upstream: Any, seen: Collection[str] = ()) -> str:
+    """The id of a Messages answer translated from the upstream's answer with id
+    ``upstream``: that id, unless it is empty or one of the conversation's earlier answers
+    had it (``seen``), when a ``msg_`` id of the gateway's own: a client keys its turns by
+    it (Claude Code merges answers with one id into one turn)."""
+    if isinstance(upstream, str) and upstream and upstream not in seen:
+        return upstream
+    return "msg_" + secrets.token_hex(12)
+
+
+def message_of(completion: Mapping[str, Any], seen: Collection[str] = ()) -> dict[str, Any]:
+    """The Messages answer (``"type": "message"``) for chat completion ``completion``; its
+    id as ``answer_id`` gives it."""
     choices = completion.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
     choice = choice if isinstance(choice, Mapping) else {}
@@ -86,13 +99,13 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
         content.append(
             {
                 "type": "tool_use",
-                "id": str(call.get("id") or ""),
+                "id": str(call.get("id") or "") or "toolu_" + secrets.token_hex(12),
                 "name": str(function.get("name") or ""),
                 "input": _input(function.get("arguments")),
             }
         )
     return {
-        "id": str(completion.get("id") or ""),
+        "id": answer_id(completion.get("id"), seen),
         "type": "message",
         "role": "assistant",
         "model": str(completion.get("model") or ""),
@@ -186,11 +199,14 @@ class EventTranslator:
         "_id",
         "_model",
         "_open",
+        "_seen",
         "_stop",
         "_usage",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, seen: Collection[str] = ()) -> None:
+        self._seen = seen
+        """Ids of the conversation's earlier answers (``answer_id``)."""
         self._id: str | None = None
         """The message id; ``None`` until ``message_start`` is sent."""
         self._model = ""
@@ -243,7 +259,10 @@ class EventTranslator:
     def _start(self, chunk: Mapping[str, Any]) -> list[bytes]:
         if self._id is not None:
             return []
-        self._id, self._model = str(chunk.get("id") or ""), str(chunk.get("model") or "")
+        self._id, self._model = (
+            answer_id(chunk.get("id"), self._seen),
+            str(chunk.get("model") or ""),
+        )
         usage = {**(self._usage or _usage({})), "output_tokens": 0}
         message: dict[str, Any] = {
             "id": self._id,
@@ -315,7 +334,7 @@ class EventTranslator:
             out.extend(self._close_block())
             block = {
                 "type": "tool_use",
-                "id": str(call.get("id") or ""),
+                "id": str(call.get("id") or "") or "toolu_" + secrets.token_hex(12),
                 "name": str(function.get("name") or ""),
                 "input": {},
             }

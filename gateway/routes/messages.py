@@ -36,7 +36,12 @@ from gateway.codecs.anthropic_inbound import (
     parse_request,
     to_request,
 )
-from gateway.compaction import compact_request, refuse_upstream_choice, request_body
+from gateway.compaction import (
+    ChatRequest,
+    compact_request,
+    refuse_upstream_choice,
+    request_body,
+)
 from gateway.exchange import Buffered, exchange
 from gateway.headers import report_headers
 from gateway.relay import anthropic_error_event, buffered_response, streamed_response
@@ -114,11 +119,12 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if isinstance(answer, Buffered):
         status = answer.status or answer.response.status_code
         if 200 <= status < 300:
-            body = orjson.dumps(message_of(json_answer(answer.body, "a chat completion")))
+            completion = json_answer(answer.body, "a chat completion")
+            body = orjson.dumps(message_of(completion, _answer_ids(chat)))
         else:
             body = error_from_openai(status, answer.body)
         return buffered_response(answer.response, body, answer.headers, status)
-    events = _translated(answer.first, answer.events)
+    events = _translated(answer.first, answer.events, _answer_ids(chat))
     return streamed_response(
         answer.response,
         b"",
@@ -157,9 +163,17 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
 
 
-async def _translated(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+def _answer_ids(chat: ChatRequest) -> tuple[str, ...]:
+    """The upstream's ids of the conversation's earlier answers: a translated answer that
+    repeats one gets an id of its own."""
+    return chat.state.answer_ids if chat.state is not None else ()
+
+
+async def _translated(
+    first: bytes, events: AsyncIterator[bytes], seen: tuple[str, ...]
+) -> AsyncIterator[bytes]:
     """An OpenAI chunk stream as Messages events, each made when its chunk arrives."""
-    translator = EventTranslator()
+    translator = EventTranslator(seen)
     chunks = chain(first, events)
     try:
         async for event in chunks:

@@ -30,6 +30,7 @@ from tests.mock_upstream import (
     recorded_stream,
     recorded_streams,
 )
+from tests.mock_upstream import events_of as events_of_chunks
 
 WEATHER = {
     "name": "get_weather",
@@ -119,6 +120,36 @@ def test_a_claude_request_goes_to_anthropic_as_the_client_wrote_it(
     assert body["max_tokens"] == 2_000
 
 
+def test_the_clients_headers_reach_anthropic(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Claude Code's identifying headers (``x-app``, its session id, its user agent) and any
+    other header of the client reach Anthropic; the key is the one the gateway chose, and
+    the headers describing the HTTP client are those of the gateway's own SDK."""
+    upstream.push(JSONReply(ANSWER))
+    client_headers = {
+        "x-app": "cli",
+        "X-Claude-Code-Session-Id": "c99fefc7-60b6",
+        "User-Agent": "claude-cli/2.1.332 (external, sdk-cli)",
+        "anthropic-beta": "claude-code-20250219,context-management-2025-06-27",
+        "x-stainless-retry-count": "5",
+        "x-team": "blue",
+    }
+    with anthropic.Anthropic(
+        base_url=gateway.url, api_key="sk-ant-mine", max_retries=0, default_headers=client_headers
+    ) as sdk:
+        sdk.messages.create(model="claude-sonnet-4-6", max_tokens=100, messages=MESSAGES)
+    (sent,) = upstream.received
+    assert sent.headers["x-app"] == "cli"
+    assert sent.headers["x-claude-code-session-id"] == "c99fefc7-60b6"
+    assert sent.headers["user-agent"] == "claude-cli/2.1.332 (external, sdk-cli)"
+    assert sent.headers["anthropic-beta"] == client_headers["anthropic-beta"]
+    assert sent.headers["x-team"] == "blue"
+    assert sent.headers["x-stainless-retry-count"] == "0"
+    assert sent.headers["authorization"] == "Bearer sk-ant-mine"
+    assert "x-api-key" not in sent.headers
+
+
 RECORDED = sorted(path.name for path in STREAMS.glob("*.txt"))
 
 
@@ -205,6 +236,45 @@ def test_another_model_is_answered_through_the_openai_upstream(
     }
     assert body["tools"][0]["function"]["name"] == "get_weather"
     assert body["max_tokens"] == 300
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_repeats_its_ids_still_gives_each_answer_its_own(
+    gateway: GatewayServer, upstream: MockUpstream, stream: bool
+) -> None:
+    """An OpenAI-compatible upstream that gives every answer the same id (or none): each
+    Messages answer of the conversation gets an id of its own (a client such as Claude
+    Code keys its turns by it); an id seen the first time is kept."""
+    ids = iter(["chatcmpl-same", "chatcmpl-same", "", "chatcmpl-new"])
+
+    def answer(received: Received) -> Reply:
+        completion = chat_completion("Sunny.", model="gpt-4o") | {"id": next(ids)}
+        if received.json().get("stream"):
+            chunk = {**completion, "object": "chat.completion.chunk", "usage": None}
+            chunk["choices"] = [
+                {"index": 0, "delta": {"content": "Sunny."}, "finish_reason": "stop"}
+            ]
+            usage = {**chunk, "choices": [], "usage": completion["usage"]}
+            return SSEReply(events_of_chunks([chunk, usage]))
+        return JSONReply(completion)
+
+    upstream.handler = answer
+    headers = {"x-contextgate-conversation": f"repeating-{stream}"}
+    with anthropic.Anthropic(
+        base_url=gateway.url, api_key="sk-mine", max_retries=0, default_headers=headers
+    ) as sdk:
+        got = []
+        for _ in range(4):
+            if stream:
+                with sdk.messages.stream(model="gpt-4o", max_tokens=50, messages=MESSAGES) as s:
+                    got.append(s.get_final_message().id)
+            else:
+                got.append(sdk.messages.create(model="gpt-4o", max_tokens=50, messages=MESSAGES).id)
+    assert got[0] == "chatcmpl-same"
+    assert got[3] == "chatcmpl-new"
+    assert got[1].startswith("msg_")
+    assert got[2].startswith("msg_")
+    assert len(set(got)) == 4
 
 
 @pytest.mark.parametrize("name", recorded_streams())
