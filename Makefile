@@ -1,5 +1,6 @@
 # contextgate: `make run` starts the gateway on 127.0.0.1:8080, `make test` runs every test
-# (the Helm chart's tests included: helm is fetched, pinned, into .tools/ on first use).
+# (the Helm chart's tests included: helm is fetched, pinned, into .tools/ on first use; so
+# is Claude Code, from npm, for the tests that run it through the gateway).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -7,8 +8,10 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8080
 HELM   := .tools/helm
 CHART  := helm/contextgate
+AGENTS := .tools/agents
+CLAUDE := $(AGENTS)/node_modules/.bin/claude
 
-.PHONY: run test lint helm-lint fmt bench bench-peers fuzz-deep soak install install-dev clean
+.PHONY: run test lint helm-lint fmt bench bench-peers fuzz-deep soak install install-dev agents clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +28,23 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 $(HELM): .ci/fetch-helm
 	$(PYTHON) .ci/fetch-helm $@
 
+# The coding agents the tests run through the gateway, at the versions .ci/agents pins
+# (npm ci: the lock file's integrity hashes are checked).
+$(CLAUDE): .ci/agents/package.json .ci/agents/package-lock.json
+	mkdir -p $(AGENTS)
+	cp .ci/agents/package.json .ci/agents/package-lock.json $(AGENTS)/
+	cd $(AGENTS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+agents: $(CLAUDE)
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 run: install
 	$(BIN)/contextgate serve --host $(HOST) --port $(PORT)
 
-test: install-dev $(HELM)
+test: install-dev $(HELM) $(CLAUDE)
 	$(BIN)/python -m pytest
 
 # The reliability tests in their long form: a 30-minute soak (SOAK_SECONDS) and the long

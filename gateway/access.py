@@ -10,17 +10,18 @@ body, it records the request's metrics (``gateway.metrics``) and writes one line
 What only the handlers know, they leave in the request's state (``scope["state"]``, which
 is Litestar's ``request.state``):
 
-=============  ==================  ====================================================
-key            set by              what
-=============  ==================  ====================================================
-request_id     here                the request's id
-caller         gateway.admission   the caller (``gateway.auth.Caller``): its tenant
-body           gateway.compaction  the chat request as parsed (model, stream, messages)
-report         gateway.exchange    the pipeline's report of the request as sent upstream
-attempts       gateway.exchange    upstream attempts (context-overflow retries included)
-usage          gateway.exchange    the upstream's usage, once it answered with success
-cache_break    gateway.exchange    the cache break judged with that usage, if any
-=============  ==================  ====================================================
+=============  ===================  ====================================================
+key            set by               what
+=============  ===================  ====================================================
+request_id     here                 the request's id
+caller         gateway.admission    the caller (``gateway.auth.Caller``): its tenant
+body           gateway.compaction   the chat request as parsed (model, stream, messages)
+body           gateway.passthrough  a relayed JSON body's model and stream
+report         gateway.exchange     the pipeline's report of the request as sent upstream
+attempts       gateway.exchange     upstream attempts (context-overflow retries included)
+usage          gateway.exchange     the upstream's usage, once it answered with success
+cache_break    gateway.exchange     the cache break judged with that usage, if any
+=============  ===================  ====================================================
 
 The store counts its own failures in the request's ``REQUEST_FAILURES``. The middleware
 keeps nothing per request on itself.

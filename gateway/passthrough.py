@@ -17,11 +17,12 @@ label without ids, a server span and an upstream span). The path under the gatew
 ``GET /v1/files/f1?limit=2`` give ``GET /api/v1/files/f1?limit=2`` on ``host``.
 
 Bodies: a JSON body is read whole (within ``max_body_bytes``, as on the chat route) to
-learn its ``model``, then sent as received. Any other body is streamed upstream as it
-arrives, within ``max_file_bytes`` for ``multipart/form-data`` (file uploads) and
-``max_body_bytes`` otherwise; a body found too large while it streams is a 413 and the
-upload is aborted. Answers are streamed back chunk by chunk; an upstream error (4xx/5xx)
-is read whole, with the key it was sent with redacted, as on the chat route.
+learn its ``model`` (and, for the access log, whether it asks for a ``stream``), then sent
+as received. Any other body is streamed upstream as it arrives, within ``max_file_bytes``
+for ``multipart/form-data`` (file uploads) and ``max_body_bytes`` otherwise; a body found
+too large while it streams is a 413 and the upload is aborted. Answers are streamed back
+chunk by chunk; an upstream error (4xx/5xx) is read whole, with the key it was sent with
+redacted, as on the chat route.
 """
 
 from __future__ import annotations
@@ -232,10 +233,11 @@ async def _body_of(
         body = await read_body(
             request.receive, length, settings.max_body_bytes, within=settings.body_timeout
         )
-        model = _model_of(body)
-        if model is not None:
-            request.state.body = {"model": model}  # the access log's and metrics' model
-        return body, model
+        fields = _fields_of(body)
+        if fields is None:
+            return body, None
+        request.state.body = fields  # the access log's model and stream, the metrics' model
+        return body, fields["model"]
     if length in (None, "0") and "transfer-encoding" not in headers:
         return None, None
     limit = settings.max_file_bytes if media_type == _MULTIPART else settings.max_body_bytes
@@ -244,9 +246,16 @@ async def _body_of(
     return _StreamedBody(request.receive, limit, settings.body_timeout), None
 
 
-def _model_of(body: bytes) -> str | None:
-    """The ``model`` a JSON body names (``None``: none, or an empty body); 400 for a body
-    that is not a JSON object, or that tries to choose its upstream."""
+def _fields_of(body: bytes) -> dict[str, Any] | None:
+    """What the gateway reads of a JSON body (``None``: an empty one): the ``model`` it
+    names (``None``: none) and ``stream``, whether it asks for a stream; 400 for a body
+    that is not a JSON object, or that tries to choose its upstream.
+
+    ``stream`` is the request's ``"stream": true`` rather than an event stream coming
+    back: the access log's ``stream`` says whether the request asked for a stream, as on
+    the chat route, where an upstream error answering a streamed request (a JSON body)
+    is logged as streamed too; and it is read here, from the one parse the relay makes
+    for the model, before anything has come back."""
     if not body.strip():
         return None
     try:
@@ -257,7 +266,10 @@ def _model_of(body: bytes) -> str | None:
         raise InvalidRequest("The body must be a JSON object.", code="invalid_body")
     refuse_upstream_choice(fields)
     model = fields.get("model")
-    return model if isinstance(model, str) else None
+    return {
+        "model": model if isinstance(model, str) else None,
+        "stream": fields.get("stream") is True,
+    }
 
 
 def _upstream_for(gateway: Gateway, caller: Caller, model: str | None) -> Upstream:

@@ -28,7 +28,9 @@ Messages -> chat:
   ``toolset_name`` kept on the call); every other block -> content, in order (one plain
   text block -> a string; a thinking block after other blocks stays a part, in place).
 - custom tools -> function tools, their other keys at the tool's top level; server tools
-  (and any tool the way back would not give again) as they are.
+  (and any tool the way back would not give again) as they are. ``tools`` is kept in
+  ``native`` too, as sent: the chat form keeps a tool's keys but not their order, and
+  the way back gives each tool its keys in the client's order (below).
 - ``max_tokens``, ``temperature``, ``top_p``, ``stream`` by name; ``stop_sequences`` ->
   ``stop`` and ``tool_choice`` -> its chat form (``disable_parallel_tool_use`` ->
   ``parallel_tool_calls: false``), ``cache_control`` (automatic caching, one of the
@@ -41,7 +43,10 @@ So ``to_request`` gives back every valid request, in this canonical form: a stri
 ``content`` or ``system`` is one text block (the API's documented shorthand); consecutive
 turns of one role are one turn (the API joins them); an assistant turn's ``tool_use``
 blocks come after its other blocks (the order Claude writes them in); a tool's
-``"type": "custom"`` (the default) is left out.
+``"type": "custom"`` (the default) is left out. Each tool has its keys in the order the
+client sent them, a key the gateway added (a cache marker) after them, so a tool the
+gateway did not change is the client's bytes again: the provider's prompt cache and its
+check of the thinking prefix compare them.
 """
 
 from __future__ import annotations
@@ -95,11 +100,14 @@ class InboundRequest:
 
 
 _BY_NAME: Final = ("max_tokens", "temperature", "top_p", "stream")
-_EMPTY_ONLY: Final = ("system", "tools")
+_REQUEST_FIRST: Final = ("system", "tools")
+"""Fields the way back takes from ``native`` only when they are empty there and the chat
+request gave none: ``native`` carries ``system`` only as the client sent it empty, and
+``tools`` as the client sent them, for their key order (what the gateway added since,
+the restore tool, stays)."""
 _READ_FROM_NATIVE: Final = ("cache_control", "context_management")
 """``native`` fields the pipeline reads too: automatic caching (one of the four
 breakpoints) and the client's context editing (``clear_thinking_20251015``)."""
-"""Fields ``native`` carries only when the client sent them empty."""
 _THINKING: Final = frozenset({"thinking", "redacted_thinking"})
 _ANTHROPIC_KEYS: Final = frozenset(
     {
@@ -133,6 +141,7 @@ def from_request(body: Mapping[str, Any]) -> InboundRequest:
             chat[key] = value
         elif key == "tools" and value:
             chat["tools"] = [_tool(tool) for tool in value]
+            native["tools"] = value
         else:
             native[key] = value
             if key == "stop_sequences" and value:
@@ -150,10 +159,30 @@ def to_request(
     """The Messages request for an Anthropic upstream: ``chat`` as the pipeline left it,
     with the fields in ``native`` as the client sent them."""
     request = to_messages(chat, default_max_tokens=default_max_tokens)
-    # ``native`` holds ``system`` and ``tools`` only as the client sent them empty: what
-    # the gateway added since (the restore tool) stays.
-    request.update({k: v for k, v in native.items() if k not in _EMPTY_ONLY or k not in request})
+    if native.get("tools") and request.get("tools"):
+        request["tools"] = _in_client_order(request["tools"], native["tools"])
+    request.update(
+        {k: v for k, v in native.items() if k not in _REQUEST_FIRST or not (v or k in request)}
+    )
     return request
+
+
+def _in_client_order(tools: list[dict[str, Any]], sent: Sequence[Any]) -> list[dict[str, Any]]:
+    """``tools`` with each one's keys in the order of the client's tool of its name in
+    ``sent``, then the keys the gateway added to it; a tool the client did not send (the
+    restore tool) as it is."""
+    by_name: dict[str, Mapping[str, Any]] = {}
+    for tool in sent:
+        if isinstance(tool, Mapping) and isinstance(tool.get("name"), str):
+            by_name.setdefault(tool["name"], tool)
+    ordered = []
+    for tool in tools:
+        name = tool.get("name")
+        client = by_name.get(name) if isinstance(name, str) else None
+        if client is not None:
+            tool = {**{key: tool[key] for key in client if key in tool}, **tool}
+        ordered.append(tool)
+    return ordered
 
 
 def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -75,10 +75,11 @@ async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
         headers["x-contextgate-object-range"] = f"lines={first}-{last}"
     try:
         body.decode()
-        media_type = "text/plain; charset=utf-8"
+        # Litestar appends "; charset=..." to a ``text/`` media type itself.
+        media_type = "text/plain"
     except UnicodeDecodeError:
         media_type = "application/octet-stream"
-    return ASGIResponse(body=body, media_type=media_type, headers=headers)
+    return ASGIResponse(body=body, media_type=media_type, encoding="utf-8", headers=headers)
 
 
 def line_range(content: bytes, first: int, last: int) -> bytes:

@@ -21,7 +21,14 @@ from gateway.app import create_app
 from gateway.logs import JsonFormatter
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
-from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
+from tests.mock_upstream import (
+    JSONReply,
+    MockUpstream,
+    OpenAIRoutes,
+    SSEReply,
+    chat_completion,
+    events_of,
+)
 
 CANARY = "sk-canary-0f1e2d3c4b5a69788796a5b4"
 PROMPT = "Summarise the quarterly figures for the Zanzibar office."
@@ -129,6 +136,26 @@ def test_one_line_per_request_with_what_happened_to_it(
     assert "model" not in bad
     assert not [line for line in logged.lines if PROMPT in line or "Zanzibar" in line]
     assert "trace_id" not in ok  # no tracing configured: no current span
+
+
+def test_a_relayed_request_that_asks_for_a_stream_is_logged_as_one(
+    client: openai.OpenAI, upstream: MockUpstream, logged: Lines
+) -> None:
+    """A streamed Responses API request, relayed untouched, has ``"stream": true`` in
+    its line; a relayed request that does not ask for one has ``false``."""
+    upstream.handler = OpenAIRoutes()
+    events = list(client.responses.create(model="gpt-4o", input="Hi", stream=True))
+    assert events[-1].type == "response.completed"
+    client.embeddings.create(model="text-embedding-3-small", input="Hi")
+
+    streamed, embedded = logged.access(2)
+    assert (streamed["route"], streamed["status"], streamed["model"]) == (
+        "/v1/responses",
+        200,
+        "gpt-4o",
+    )
+    assert streamed["stream"] is True
+    assert (embedded["route"], embedded["stream"]) == ("/v1/embeddings", False)
 
 
 def test_prompts_are_logged_only_when_asked_for(upstream: MockUpstream, logged: Lines) -> None:

@@ -334,6 +334,7 @@ def test_the_pipeline_sees_the_conversation_in_openai_form() -> None:
         "stream": True,
     }
     assert set(split.native) == {
+        "tools",
         "tool_choice",
         "thinking",
         "metadata",
@@ -474,6 +475,110 @@ def test_every_tau_bench_history_sent_as_a_messages_request_comes_back_as_it_was
             m["role"] == "tool" for m in history
         )
     assert_valid_params(request)
+
+
+def schema(*required: str, **properties: Any) -> dict[str, Any]:
+    """A JSON schema as Claude Code writes one (zod's output: ``$schema`` last)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+        "$schema": "http://json-schema.org/draft-07/schema#",
+    }
+
+
+STRING = {"type": "string"}
+CLAUDE_CODE_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "Task",
+        "description": "Launch a new agent to handle complex, multi-step tasks autonomously.",
+        "input_schema": schema("description", "prompt", description=STRING, prompt=STRING),
+    },
+    {
+        "name": "Bash",
+        "description": "Executes a given bash command in a persistent shell session.",
+        "input_schema": schema("command", command=STRING, timeout={"type": "number"}),
+        "strict": True,
+    },
+    {
+        "name": "Read",
+        "input_schema": schema("file_path", file_path=STRING, offset={"type": "number"}),
+        "description": "Reads a file from the local filesystem.",
+    },
+    {
+        "name": "Edit",
+        "description": "Performs exact string replacements in files.",
+        "input_examples": [{"file_path": "/src/app.py", "old_string": "a", "new_string": "b"}],
+        "input_schema": schema("file_path", file_path=STRING, old_string=STRING, new_string=STRING),
+    },
+    {
+        "defer_loading": True,
+        "name": "mcp__github__search_issues",
+        "description": "Search issues and pull requests across GitHub repositories.",
+        "input_schema": schema("query", query=STRING),
+    },
+    {
+        "name": "mcp__linear__create_issue",
+        "strict": False,
+        "input_schema": schema("title", title=STRING, team=STRING),
+        "defer_loading": True,
+        "description": "Create a Linear issue.",
+    },
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+    {
+        "name": "TodoWrite",
+        "cache_control": EPHEMERAL,
+        "description": "Create and manage a structured task list for the session.",
+        "input_schema": schema("todos", todos={"type": "array", "items": STRING}),
+        "input_examples": [{"todos": ["Run the tests"]}],
+    },
+]
+"""Tools as a Claude-Code-like agent sends them: its own, MCP ones deferred for the tool
+search, a server tool, the last one marked; their keys in the order each was made with."""
+
+
+def test_each_tool_comes_back_with_the_clients_key_order() -> None:
+    """Claude Code's tools go through the chat form and back with every key in the order
+    the client sent it, so in the client's bytes (the provider's prompt cache and the
+    thinking prefix check compare them), while the pipeline still sees function tools."""
+    request = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 32_000,
+        "messages": [{"role": "user", "content": "Fix the failing test."}],
+        "tools": CLAUDE_CODE_TOOLS,
+    }
+    split = parse_request(orjson.dumps(request))
+    sent = to_request(split.chat, split.native, default_max_tokens=1)["tools"]
+    assert [list(tool.items()) for tool in sent] == [
+        list(tool.items()) for tool in CLAUDE_CODE_TOOLS
+    ]
+    assert orjson.dumps(sent) == orjson.dumps(CLAUDE_CODE_TOOLS)
+    assert [tool["type"] for tool in split.chat["tools"]] == ["function"] * 6 + [
+        "web_search_20250305",
+        "function",
+    ]
+    assert [tool["function"]["name"] for tool in openai_request(split.chat)["tools"]] == [
+        tool["name"] for tool in CLAUDE_CODE_TOOLS if "type" not in tool
+    ]
+
+
+def test_a_tool_the_gateway_changed_keeps_the_clients_key_order() -> None:
+    """A marker the pipeline puts on a client's tool comes after that tool's own keys,
+    which keep the client's order; a tool the gateway adds is as the codec makes it."""
+    from gateway.restore import RESTORE_TOOL_NAME, with_restore_tool
+
+    task = CLAUDE_CODE_TOOLS[0]
+    request = {**REQUEST, "messages": REQUEST["messages"][:1], "tools": [task]}
+    split = from_request(request)
+    tooled = with_restore_tool(split.chat)
+    assert tooled is not None
+    marked = {**tooled, "tools": [{**tooled["tools"][0], "cache_control": EPHEMERAL}]}
+    marked["tools"] += tooled["tools"][1:]
+    sent = to_request(marked, split.native, default_max_tokens=1)["tools"]
+    assert list(sent[0].items()) == [*task.items(), ("cache_control", EPHEMERAL)]
+    assert [tool["name"] for tool in sent] == ["Task", RESTORE_TOOL_NAME]
+    assert_valid_params({**request, "tools": sent})
 
 
 # -- generated requests --------------------------------------------------------------------
@@ -703,6 +808,32 @@ def test_any_valid_request_comes_back_in_canonical_form(request: dict[str, Any])
     again = to_request(split.chat, split.native, default_max_tokens=1)
     assert again == canonical(request)
     assert_valid_params(again)
+
+
+@st.composite
+def reordered_tools(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Custom and server tools, each with its keys in any order."""
+    tools = draw(
+        st.lists(st.one_of(CUSTOM_TOOL, SERVER_TOOL), min_size=1, max_size=4, unique_by=_name)
+    )
+    return [dict(draw(st.permutations(list(tool.items())))) for tool in tools]
+
+
+def _name(tool: dict[str, Any]) -> Any:
+    return tool["name"]
+
+
+@given(reordered_tools())
+def test_any_tools_come_back_with_their_key_order(tools: list[dict[str, Any]]) -> None:
+    """Whatever order a client writes a tool's keys in, an Anthropic upstream gets them
+    in that order (a custom tool's default type left out)."""
+    messages = [{"role": "user", "content": "Hi"}]
+    request = {"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": messages, "tools": tools}
+    split = parse_request(orjson.dumps(request))
+    sent = to_request(split.chat, split.native, default_max_tokens=1)["tools"]
+    assert [list(tool.items()) for tool in sent] == [
+        list(tool.items()) for tool in canonical(request)["tools"]
+    ]
 
 
 # -- the OpenAI side -----------------------------------------------------------------------

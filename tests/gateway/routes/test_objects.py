@@ -3,6 +3,7 @@ caller that sent it and nobody else."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
@@ -12,6 +13,7 @@ import httpx
 import openai
 import orjson
 
+from tests.conftest import settings_for
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 
@@ -109,3 +111,38 @@ def test_anything_not_a_ref_is_404(gateway: GatewayServer) -> None:
         response = fetch(gateway, name, "sk-alice")
         assert response.status_code == 404
         assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_each_object_names_its_type_and_charset_once(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A text object, a range of it and an image part (JSON) are ``text/plain;
+    charset=utf-8``, the charset said once."""
+    text = offload(gateway, upstream, "sk-alice", history(OUTPUT + "charset\n"))
+    data = base64.b64encode(os.urandom(90_000)).decode()
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+    screens = [{"role": "user", "content": [{"type": "text", "text": "s"}, image]}] * 3
+    media = offload(gateway, upstream, "sk-alice", screens)
+    for response in (
+        fetch(gateway, text, "sk-alice"),
+        fetch(gateway, text, "sk-alice", start_line=2, end_line=3),
+        fetch(gateway, media, "sk-alice"),
+    ):
+        assert response.status_code == 200
+        assert response.headers.get_list("content-type") == ["text/plain; charset=utf-8"]
+
+
+def test_an_object_that_is_not_utf8_is_octet_stream(upstream: MockUpstream) -> None:
+    """Bytes that are not UTF-8 come back as ``application/octet-stream``, no charset."""
+    with GatewayServer(settings_for(upstream)) as server:
+        stores = server.app.state.gateway.stores
+
+        async def put() -> str:
+            namespace = await stores.namespace_of("sk-alice")
+            return await stores.objects.put(namespace, b"\xff\xfe binary\n", ttl=60)
+
+        ref = asyncio.run(put())
+        response = fetch(server, ref, "sk-alice")
+    assert response.status_code == 200
+    assert response.content == b"\xff\xfe binary\n"
+    assert response.headers.get_list("content-type") == ["application/octet-stream"]
