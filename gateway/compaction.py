@@ -50,6 +50,9 @@ __all__ = [
 _tracer = trace.get_tracer(__name__)
 
 CONVERSATION_HEADER: Final = "x-contextgate-conversation"
+SESSION_HEADERS: Final = ("x-claude-code-session-id", "session-id")
+"""Headers by which agents name their session (Claude Code's, Codex's): part of the
+identity of a conversation the client does not name."""
 _CONVERSATION_ID: Final = re.compile(r"[A-Za-z0-9._:@/+=-]{1,200}")
 UPSTREAM_CHOICES: Final = frozenset(
     {"api_base", "base_url", "api_key", "api_host", "azure_endpoint", "custom_llm_provider"}
@@ -115,7 +118,7 @@ async def compact_request(
     )
     _check_models(caller, str(body.get("model", "")), policy)
     namespace = caller.namespace
-    conversation = _conversation(request.headers.get(CONVERSATION_HEADER), namespace, body)
+    conversation = _conversation(request.headers, namespace, body)
     state = await gateway.stores.conversations.get(namespace, conversation)
     summaries = None
     if gateway.settings.summaries and policy.mode == "summarize":
@@ -141,7 +144,7 @@ async def compact_request(
             namespace, conversation, summarizer, policy.summary_timeout
         )
     result, tooled, content = await _compact_with_restore_tool(
-        gateway, raw, body, policy, state, namespace, summaries
+        gateway, raw, body, policy, state, namespace, conversation, summaries
     )
     return ChatRequest(
         raw,
@@ -202,15 +205,19 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
     if budget < BUDGET_FLOOR:
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
-    result = await _compact(gateway, chat.body, policy, chat.state, chat.namespace)
+    result = await _compact(
+        gateway, chat.body, policy, chat.state, chat.namespace, chat.conversation
+    )
     if result.request == chat.result.request:
         return None
     return replace(chat, policy=policy, result=result, content=None)
 
 
-def _conversation(header: str | None, namespace: str, body: dict[str, Any]) -> str:
+def _conversation(headers: Mapping[str, str], namespace: str, body: dict[str, Any]) -> str:
+    header = headers.get(CONVERSATION_HEADER)
     if header is None:
-        return conversation_id(namespace, body["messages"])
+        session = next((headers[name] for name in SESSION_HEADERS if name in headers), "")
+        return conversation_id(namespace, body["messages"], session[:200])
     if not _CONVERSATION_ID.fullmatch(header):
         raise InvalidRequest(
             f"{CONVERSATION_HEADER} must be 1-200 characters of letters, digits and"
@@ -228,6 +235,7 @@ async def _compact_with_restore_tool(
     policy: Policy,
     state: ConversationState | None,
     namespace: str,
+    conversation: str,
     summaries: Summaries | None,
 ) -> tuple[CompactResult, dict[str, Any] | None, bytes | None]:
     """The compacted request; ``body`` with the restore tool when the request carries it;
@@ -247,10 +255,12 @@ async def _compact_with_restore_tool(
     if offered:
         tooled = with_restore_tool(body)
         if tooled is not None:
-            result = await _fitted(gateway, tooled, policy, state, namespace, summaries)
+            result = await _fitted(
+                gateway, tooled, policy, state, namespace, conversation, summaries
+            )
             if result is not None:
                 return result, tooled, None
-    result = await _compact(gateway, body, policy, state, namespace, summaries)
+    result = await _compact(gateway, body, policy, state, namespace, conversation, summaries)
     if offered:
         return result, None, None
     content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
@@ -258,7 +268,7 @@ async def _compact_with_restore_tool(
     if added is None:
         return result, None, content
     with _tracer.start_as_current_span("contextgate.restore_tool"):
-        again = await _fitted(gateway, added, policy, state, namespace, summaries)
+        again = await _fitted(gateway, added, policy, state, namespace, conversation, summaries)
     if again is None:
         return result, None, content
     return again, added, None
@@ -270,11 +280,12 @@ async def _fitted(
     policy: Policy,
     state: ConversationState | None,
     namespace: str,
+    conversation: str,
     summaries: Summaries | None,
 ) -> CompactResult | None:
     """``_compact``, or ``None`` when the request cannot be made to fit its budget."""
     try:
-        return await _compact(gateway, body, policy, state, namespace, summaries)
+        return await _compact(gateway, body, policy, state, namespace, conversation, summaries)
     except RequestRejectedError as exc:
         if exc.code == "context_length_exceeded":
             return None
@@ -287,6 +298,7 @@ async def _compact(
     policy: Policy,
     state: ConversationState | None,
     namespace: str,
+    conversation: str,
     summaries: Summaries | None = None,
 ) -> CompactResult:
     try:
@@ -295,6 +307,7 @@ async def _compact(
             policy=policy,
             state=state,
             namespace=namespace,
+            conversation=conversation,
             store=gateway.stores.for_request(),
             summaries=summaries,
         )

@@ -10,7 +10,8 @@ outgoing prefix does not move; cuts advance only while the cache is cold, when m
 costs nothing, or under pressure.
 
 A conversation is identified by the client (``x-contextgate-conversation``) or by a hash of
-the namespace, the system prompt and the first user message (``conversation_id``).
+the namespace, the client's session id (Claude Code's, Codex's) when it sends one, the
+system prompt and the first user message (``conversation_id``).
 """
 
 from __future__ import annotations
@@ -227,11 +228,15 @@ def digest(message: Message) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
-def conversation_id(namespace: str, messages: Sequence[Message]) -> str:
+def conversation_id(namespace: str, messages: Sequence[Message], session: str = "") -> str:
     """A stable identity for a conversation the client did not name: the namespace, the
-    system prompt and the first user message, hashed."""
+    client's own session id if it sends one (``session``), the system prompt and the first
+    user message, hashed. The session tells apart users of one app who open alike; the
+    opening tells apart the conversations of one session (an agent's subagents)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(namespace.encode())
+    if session:
+        digest.update(b"\0session\0" + session.encode())
     first_user = False
     for message in messages:
         role = message.get("role")

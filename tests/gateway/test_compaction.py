@@ -113,3 +113,57 @@ def test_a_request_that_fits_only_without_the_restore_tool_goes_without_it(
         assert carried <= 8_000, words
         without += "tools" not in sent
     assert without >= 3
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def test_a_conversation_with_tools_has_the_restore_tool_from_its_first_request(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """An agent's conversation (it brings tools) carries the restore tool from its first
+    request on, before anything is offloaded, so the tools the provider caches first never
+    change and offloading later breaks no cached prefix."""
+    sdk = client(gateway)
+    messages = lookup(50)
+    small = [*messages[:3], {**messages[3], "content": '{"flight": "HAT001"}'}]
+    big = [*small, {"role": "user", "content": "And the full list?"}, *messages[2:]]
+    breaks = []
+    for history in (small, big):
+        answer = sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=history,  # type: ignore[arg-type]
+            tools=[WEATHER],  # type: ignore[list-item]
+            extra_headers={
+                "x-contextgate-policy": "filter-tokens=500",
+                "x-contextgate-conversation": "tools-from-start",
+            },
+        )
+        breaks.append(answer.headers.get("x-contextgate-cache-break"))
+    first, second = (r.json() for r in upstream.received)
+    assert [t["function"]["name"] for t in first["tools"]] == ["get_weather", "context_restore"]
+    assert second["tools"] == first["tools"]
+    assert "ctx_" in json.dumps(second["messages"])
+    assert breaks == [None, None]
+
+
+def test_sessions_that_open_alike_are_told_apart_by_the_agents_session_id(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """Two Claude Code sessions opening with the same system prompt and first message are
+    two conversations, told apart by the session id the agent sends (each gets its own
+    prompt_cache_key, and its own record); one session's requests stay one conversation."""
+    sdk = client(gateway)
+    opening = lookup(2_000)[:2]
+    for session in ("s-one", "s-two", "s-one"):
+        sdk.chat.completions.create(
+            model="gpt-4o",
+            messages=opening,  # type: ignore[arg-type]
+            extra_headers={"x-claude-code-session-id": session},
+        )
+    keys = [r.json()["prompt_cache_key"] for r in upstream.received]
+    assert keys[0] == keys[2]
+    assert keys[0] != keys[1]

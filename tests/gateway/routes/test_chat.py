@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.restore import RESTORE_TOOL
 from pipelines import TokenCounter
 from tests.conftest import settings_for
 from tests.harness import GatewayServer
@@ -162,7 +163,8 @@ def test_tools_images_and_unknown_fields_forwarded_untouched(
     gateway: GatewayServer, upstream: MockUpstream
 ) -> None:
     """Tools, tool calls, image parts and fields the gateway does not know reach the
-    upstream exactly as sent."""
+    upstream exactly as sent, the gateway's restore tool after the client's tools (an
+    agent's conversation has it from its first request)."""
     body = {
         "model": "gpt-4o",
         "messages": [
@@ -219,7 +221,7 @@ def test_tools_images_and_unknown_fields_forwarded_untouched(
     )
     assert response.status_code == 200
     forwarded = upstream.received[0]
-    assert forwarded.body == raw
+    assert forwarded.body == orjson.dumps({**body, "tools": [*body["tools"], RESTORE_TOOL]})
     assert forwarded.headers["authorization"] == "Bearer sk-caller"
     assert forwarded.path == "/v1/chat/completions"
 
