@@ -12,7 +12,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -30,13 +31,15 @@ def free_port() -> int:
 class GatewayServer:
     """The gateway app under uvicorn, on a thread, bound to a free loopback port."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, wrap: Callable[[Any], Any] | None = None) -> None:
+        """``wrap``: an ASGI middleware put around the app (a test's recorder)."""
         self.app = create_app(settings)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        served = wrap(self.app) if wrap is not None else self.app
+        config = uvicorn.Config(served, log_level="warning", lifespan="on")
         gateway = self.app.state.gateway
         self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
         self._thread = threading.Thread(

@@ -363,6 +363,15 @@ class ChatModel:
         self.requests.append(body)
         return self._answer(body)
 
+    def extends(self, later: int, earlier: int) -> bool:
+        """Whether accepted request ``later`` starts with all of ``earlier``'s prompt (its
+        tools and messages), as the provider's automatic prefix cache needs."""
+        before, after = self.requests[earlier], self.requests[later]
+        messages = before.get("messages") or []
+        return before.get("tools") == after.get("tools") and (
+            (after.get("messages") or [])[: len(messages)] == messages
+        )
+
     @staticmethod
     def _refused(messages: Sequence[Mapping[str, Any]]) -> str | None:
         for index, message in enumerate(messages):
