@@ -201,7 +201,7 @@ def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> 
             _append(turns, "user", _marked(_blocks(message.get("content"), where), message))
     # The API refuses empty turns (an assistant answer that was empty, a user message of
     # parts it cannot carry): they are left out, their neighbours joined.
-    turns = _joined([t for t in turns if t["content"] or t["role"] == "system"])
+    turns = _joined([t for t in turns if t["role"] == "system" or t["content"]])
     request: dict[str, Any] = {
         "model": body.get("model"),
         "max_tokens": body.get("max_completion_tokens")

@@ -18,15 +18,28 @@ from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin
 
 import typing_extensions
+from anthropic.types.beta.message_create_params import (
+    MessageCreateParams as BetaMessageCreateParams,
+)
+from anthropic.types.beta.message_create_params import MessageCreateParamsBase as _BETA_BASE
 from anthropic.types.message_create_params import MessageCreateParams
 from anthropic.types.message_create_params import MessageCreateParamsBase as _BASE
 from typing_extensions import is_typeddict
 
 
 def param_errors(request: Any) -> list[str]:
-    """Why ``request`` is not a ``MessageCreateParams``; empty when it is one."""
-    known = {key: value for key, value in request.items() if key in _hints(_BASE)}
-    return _errors(known, MessageCreateParams, "request")
+    """Why ``request`` is not a ``MessageCreateParams`` (nor, for what only a beta takes,
+    such as a mid-conversation system message's ``output_config``, the beta one); empty
+    when it is one."""
+    problems = _errors(_known(request, _BASE), MessageCreateParams, "request")
+    if problems:
+        beta = _errors(_known(request, _BETA_BASE), BetaMessageCreateParams, "request")
+        return beta and problems
+    return problems
+
+
+def _known(request: Any, base: Any) -> dict[str, Any]:
+    return {key: value for key, value in request.items() if key in _hints(base)}
 
 
 def assert_valid_params(request: Any) -> None:

@@ -40,7 +40,8 @@ def round_trip(request: dict[str, Any]) -> dict[str, Any]:
 
 def canonical(request: dict[str, Any]) -> dict[str, Any]:
     """``request`` in the canonical form the codec gives back: string content and system
-    as one text block, consecutive turns of a role joined, an assistant turn's tool_use
+    as one text block (a mid-conversation system message as it came), consecutive turns
+    of a role joined, an assistant turn's tool_use
     blocks last, a tool's default ``"type": "custom"`` left out; and, as the API takes no
     marker inside a tool result's content, the last one there marks the tool result
     (unless it has its own)."""
@@ -49,6 +50,9 @@ def canonical(request: dict[str, Any]) -> dict[str, Any]:
         out["system"] = [{"type": "text", "text": out["system"]}]
     turns: list[dict[str, Any]] = []
     for turn in request["messages"]:
+        if turn["role"] == "system":  # a mid-conversation system message, as it came
+            turns.append(turn)
+            continue
         content = turn["content"]
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if turn["role"] == "assistant":
@@ -764,10 +768,37 @@ OPTIONAL_FIELDS = st.fixed_dictionaries(
 )
 
 
+SYSTEM_TURN = st.fixed_dictionaries(
+    {"role": st.just("system")},
+    optional={
+        "content": st.one_of(
+            TEXT,
+            st.lists(
+                st.one_of(
+                    TEXT_BLOCK,
+                    NAME.map(
+                        lambda name: {
+                            "type": "tool_addition",
+                            "tool": {"type": "tool_reference", "name": name},
+                        }
+                    ),
+                ),
+                min_size=1,
+                max_size=2,
+            ),
+        ),
+        "clear_at": st.sampled_from(["next_user_message", "never"]),
+        "output_config": st.sampled_from([{}, {"effort": "medium"}]),
+    },
+).filter(lambda turn: "content" in turn or "output_config" in turn)
+"""A mid-conversation system message (Claude Code's instructions after the user's turn)."""
+
+
 @st.composite
 def messages_requests(draw: st.DrawFn) -> dict[str, Any]:
     """Valid Messages requests: alternating turns, each answer's tool calls answered in
-    the next user turn, every kind of block in the places the API takes it."""
+    the next user turn, every kind of block in the places the API takes it, and
+    mid-conversation system messages after user turns."""
     turns: list[dict[str, Any]] = []
     calls: list[str] = []
     for number in range(draw(st.integers(1, 6))):
@@ -776,6 +807,7 @@ def messages_requests(draw: st.DrawFn) -> dict[str, Any]:
             blocks += draw(st.lists(USER_BLOCK, max_size=3))
             use_string = not calls and (not blocks or draw(st.booleans()))
             turns.append({"role": "user", "content": draw(TEXT) if use_string else blocks})
+            turns += draw(st.lists(SYSTEM_TURN, max_size=2))
         else:
             blocks = draw(st.lists(THINKING, max_size=2))
             for piece in draw(
@@ -918,6 +950,75 @@ def test_automatic_caching_reaches_the_pipeline_and_only_an_anthropic_upstream()
     sent = openai_request(split.chat)
     assert "cache_control" not in sent
     assert_valid_request(sent)
+
+
+CLAUDE_CODE_TURNS: list[Any] = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "<system-reminder>\nAttribution...\n</system-reminder>\n"},
+            {"type": "text", "text": "Fix the failing test."},
+        ],
+    },
+    {"role": "system", "output_config": {"effort": "medium"}, "content": "# Environment\n..."},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "", "signature": "c2ln"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}],
+    },
+    {
+        "role": "system",
+        "clear_at": "next_user_message",
+        "content": [
+            {"type": "text", "text": "Only for this turn."},
+            {"type": "tool_addition", "tool": {"type": "tool_reference", "name": "WebFetch"}},
+        ],
+    },
+]
+"""A history as Claude Code sends it on its default model: mid-conversation system
+messages after user turns, one with a per-turn setting, one shown until the next user
+turn that also makes a tool available."""
+
+
+def test_mid_conversation_system_messages_keep_their_place() -> None:
+    """Claude Code's system messages inside ``messages`` reach the pipeline as system
+    messages in their place, marked as turns of the history (not the system prompt), and
+    an Anthropic upstream gets them back exactly where and as they were."""
+    request = {**REQUEST, "messages": CLAUDE_CODE_TURNS}
+    split = parse_request(orjson.dumps(request))
+    chat = split.chat["messages"]
+    assert [m["role"] for m in chat] == ["system", "user", "system", "assistant", "tool", "system"]
+    assert [m.get("system_turn") for m in chat] == [None, None, True, None, None, True]
+    assert chat[2]["output_config"] == {"effort": "medium"}
+    again = to_request(split.chat, split.native, default_max_tokens=1)
+    assert again["messages"] == [*canonical(request)["messages"]]
+    assert again["messages"][1] == CLAUDE_CODE_TURNS[1]
+    assert again["system"] == canonical(REQUEST)["system"]
+    assert_valid_params(again)
+
+
+def test_mid_conversation_system_messages_to_an_openai_upstream() -> None:
+    """An OpenAI-compatible upstream gets each system message in its place as text, a
+    line for a tool it makes available, and not one shown only until a user turn that
+    has since come; nothing only Anthropic understands."""
+    turns = [*CLAUDE_CODE_TURNS, {"role": "user", "content": "And now?"}]
+    sent = openai_request(from_request({**REQUEST, "messages": turns}).chat)
+    roles = [m["role"] for m in sent["messages"]]
+    assert roles == ["system", "user", "system", "assistant", "tool", "user"]
+    assert sent["messages"][2] == {"role": "system", "content": "# Environment\n..."}
+    assert anthropic_leftovers(sent) == []
+    assert_valid_request(sent)
+    current = openai_request(from_request({**REQUEST, "messages": CLAUDE_CODE_TURNS}).chat)
+    assert current["messages"][-1] == {
+        "role": "system",
+        "content": "Only for this turn.\n\n[The tool WebFetch is available from here on.]",
+    }
 
 
 def test_tools_the_gateway_adds_survive_an_empty_tools_field() -> None:

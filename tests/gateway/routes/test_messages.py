@@ -757,6 +757,36 @@ def test_thinking_blocks_go_back_to_anthropic_with_their_signatures(
     assert sent[4]["content"][0]["tool_use_id"] == "toolu_2"
 
 
+def test_thinking_sent_back_unchanged_is_no_action(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A tool loop with the client's signed thinking, which goes up as it came: the answer
+    reports no stage action (the thinking stage changes nothing on Claude's wire)."""
+    thinking = {"type": "thinking", "thinking": "Check the weather.", "signature": "c2ln"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}
+    upstream.push(JSONReply(ANSWER))
+    response = httpx.post(
+        f"{gateway.url}/v1/messages",
+        json={
+            "model": "claude-sonnet-4-6",
+            "max_tokens": 2_000,
+            "thinking": {"type": "enabled", "budget_tokens": 1_024},
+            "messages": [
+                *MESSAGES,
+                {"role": "assistant", "content": [thinking, call]},
+                {"role": "user", "content": [result]},
+            ],
+        },
+        headers={"x-api-key": "sk-ant-mine", "anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert "thinking" not in response.headers["x-contextgate-actions"]
+    sent = upstream.received[0].json()["messages"]
+    assert sent[1]["content"][0] == thinking
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("body", [b"<html>Bad gateway</html>", b"[1, 2]"])
 def test_a_success_that_is_not_a_completion_is_a_502(

@@ -65,6 +65,9 @@ class Bill:
     reports: list[list[Report]] = field(default_factory=list)
     markers: int = 0
     """The most cache_control markers one converted request carried."""
+    prompts: list[list[list[bytes]]] = field(default_factory=list)
+    """Per session, per request, the prefix digest of each block of the converted request
+    (``PrefixCache.positions``): what the provider's cache compares."""
 
     @property
     def read_share(self) -> float:
@@ -102,6 +105,7 @@ async def replay(
         bill.sessions += 1
         state: ConversationState | None = None
         reports: list[Report] = []
+        prompts: list[list[bytes]] = []
         now += 60.0
         for history in requests_of(trace):
             if markers == "system":
@@ -117,6 +121,8 @@ async def replay(
             usage = cache.usage(request, now)
             bill.add(usage)
             reports.append(result.report)
+            prompts.append([position.prefix for position in cache.positions(request)])
             state = result.state.answered(at=now, usage=usage_of(usage))
         bill.reports.append(reports)
+        bill.prompts.append(prompts)
     return bill

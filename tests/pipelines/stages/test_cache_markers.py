@@ -100,6 +100,25 @@ async def test_anthropic_marks_the_newest_message_and_the_system_prompt() -> Non
     assert result.report.tokens_after == result.report.tokens_before
 
 
+async def test_a_system_turn_of_the_history_is_history_not_the_system_prompt() -> None:
+    """Claude with a mid-conversation system message last (Claude Code's first request):
+    it is the newest message, so it carries the rolling marker, and the system prompt the
+    prefix one; a later request that appends turns after it breaks no cache, while one
+    whose system prompt changed does."""
+    turn = {"role": "system", "system_turn": True, "content": "Environment: Linux."}
+    messages = [*history(), turn]
+    result = await run(messages)
+    assert details(result)["markers"] == [
+        {"at": len(messages) - 1, "why": "rolling"},
+        {"at": 0, "why": "prefix"},
+    ]
+    state = result.state.answered(at=1_000.0)
+    longer = [*messages, {"role": "assistant", "content": "Done."}, *history()[-1:]]
+    assert (await run(longer, state=state, now=1_005.0)).report.cache_break is None
+    other = [{**longer[0], "content": "Another prompt. " * 300}, *longer[1:]]
+    assert (await run(other, state=state, now=1_005.0)).report.cache_break == "system"
+
+
 async def test_without_a_system_prompt_the_last_tool_carries_the_prefix_marker() -> None:
     """No system message: the tools are the stable prefix, marked on the last tool."""
     tools = [tool("first"), tool("second", words=400)]
@@ -527,6 +546,25 @@ async def test_replayed_breakpoints_stay_on_their_messages_between_events(marker
     assert (
         events >= 5
     )  # several compaction events were crossed (compress keeps its cut between them)
+
+
+async def test_a_break_is_named_exactly_when_the_prompt_that_went_up_is_not_extended() -> None:
+    """Replayed sessions under compaction (the cache warm between turns): a request names a
+    cache break when, and only when, the prompt the previous request sent (as the
+    provider's cache reads it, markers aside) is not the start of its own, whatever the
+    stages did (compress keeping its cut sends the same prefix again)."""
+    bill = await replay_traces(trajectories(REPLAYED), Policy(max_input=8_000), markers="stage")
+    named = kept = 0
+    for reports, prompts in zip(bill.reports, bill.prompts, strict=True):
+        for index in range(1, len(reports)):
+            before, after = prompts[index - 1], prompts[index]
+            extends = len(after) >= len(before) and after[len(before) - 1] == before[-1]
+            cause = reports[index].cache_break
+            assert cause == (None if extends else "compaction"), (index, cause, extends)
+            named += cause is not None
+            kept += "compress" in reports[index].actions and extends
+    assert named >= 5
+    assert kept >= 20  # compress acted on many requests that broke nothing
 
 
 def breakpoints(report: Any) -> dict[Any, str]:
