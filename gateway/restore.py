@@ -1,9 +1,11 @@
 """The ``context_restore`` tool: the model takes back what the pipeline offloaded.
 
-Once a conversation's outgoing requests carry refs, the gateway adds one function tool,
-``context_restore``, at the end of the request's tools, and keeps adding it on every later
-request of the conversation (the conversation's record remembers), so the tools array does
-not flip between turns and the provider's cached prefix survives.
+The gateway adds one function tool, ``context_restore``, at the end of a conversation's
+tools: from its first request when it brings tools of its own (``Settings.restore_tool``,
+``from_start``), else from the first request whose outgoing body carries refs; and keeps
+adding it on every later request of the conversation (the conversation's record
+remembers), so the tools array does not change between turns and the provider's cached
+prefix survives (``gateway.compaction``).
 
 When the model calls it, the gateway answers the call itself from the store (in the
 caller's namespace) and asks the model again with the answer appended, up to
