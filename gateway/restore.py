@@ -374,12 +374,17 @@ async def stream(
     """A streamed answer relayed with its restore calls answered in place: text deltas at
     once, the client's tool-call deltas once their name is known (renumbered to leave no
     gap), restore calls held and answered, the next round's stream continuing the same
-    stream for the client (same id), one usage chunk with the totals and one ``[DONE]`` at
-    the end. ``resend`` opens the next round's stream (its first event and the rest).
+    stream for the client (same id), the usage totals where the upstream put its usage (a
+    chunk of their own, or the final chunk) and one ``[DONE]`` at the end. ``resend``
+    opens the next round's stream (its first event and the rest).
     Only for single-choice requests (``with_restore_tool`` refuses ``n > 1``)."""
     stats = restorer.stats
     extra: list[dict[str, Any]] = []
     usage: dict[str, Any] | None = None
+    # Whether the upstream sent its usage in a chunk of its own (no choices): the totals go
+    # so too; else on the final chunk, where it put them (a chunk without choices would
+    # surprise a client that did not ask for one).
+    usage_apart = False
     stream_id: Any = None
     template: dict[str, Any] = {"object": "chat.completion.chunk"}
     round_events: AsyncIterator[bytes] = chain(first, events)
@@ -416,6 +421,7 @@ async def stream(
                     # Some providers repeat a running total in every chunk: the last counts.
                     round_usage = chunk.pop("usage") or round_usage
                     if not chunk.get("choices"):
+                        usage_apart = True
                         continue
                 choices = chunk.get("choices")
                 if not isinstance(choices, list) or len(choices) != 1:
@@ -470,6 +476,8 @@ async def stream(
                 choice["finish_reason"] = "stop"
                 if not text:
                     choice["delta"] = {"content": _EXHAUSTED}
+            if usage is not None and not usage_apart:
+                finish["usage"], usage = usage, None
             yield _event(finish)
         if usage is not None:
             yield _event({**template, "choices": [], "usage": usage})

@@ -10,8 +10,9 @@ result 2; other assistant text 3; tool-call groups whose results all succeeded 4
 that mentions one of the user's goal terms (an identifier with a digit in it, or a path,
 from the first or the latest user message) is raised one level.
 
-*Protected* messages are neither removed nor summarised: system messages, the anchor (the
-first user message and the group that answers it), the latest user message, and the recent
+*Protected* messages are neither removed nor summarised: system messages (but a system turn
+the model is no longer shown, ``shown_no_more``), the anchor (the first user message and
+the group that answers it, past any system turn after it), the latest user message, and the recent
 tail (``tail-ratio`` of the budget, stretched up to 1.5 times rather than split a group, at
 least the last two messages). If the pinned user messages alone take over half the budget,
 the older pin (the anchor) is released.
@@ -24,10 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from pipelines.messages import Message, message_text
+from pipelines.messages import Message, is_system_turn, message_text
 from pipelines.preview import is_error
 
-__all__ = ["Group", "Protection", "goal_terms", "protect", "split_groups"]
+__all__ = ["Group", "Protection", "goal_terms", "protect", "shown_no_more", "split_groups"]
 
 USER, ANSWER, CALL_OR_ERROR, OTHER_ASSISTANT, TOOL_RESULT = range(5)
 SYSTEM: Final = -1
@@ -66,6 +67,7 @@ def split_groups(messages: Sequence[Message], terms: frozenset[str] = frozenset(
     """The conversation cut into groups, in order, covering every message once."""
     groups: list[Group] = []
     index, count = 0, len(messages)
+    stale = shown_no_more(messages)
     while index < count:
         message = messages[index]
         role = message.get("role")
@@ -80,6 +82,8 @@ def split_groups(messages: Sequence[Message], terms: frozenset[str] = frozenset(
                     failed = True
                     break
             priority = CALL_OR_ERROR if failed else TOOL_RESULT
+        elif index in stale:
+            priority = TOOL_RESULT
         elif role in _SYSTEM_ROLES:
             priority = SYSTEM
         elif role == "user":
@@ -104,7 +108,10 @@ def protect(
     tokens_of: Callable[[Message], int],
 ) -> Protection:
     """The protected messages of ``messages`` under a ``budget`` of tokens."""
-    protected = {i for i, m in enumerate(messages) if m.get("role") in _SYSTEM_ROLES}
+    stale = shown_no_more(messages)
+    protected = {
+        i for i, m in enumerate(messages) if m.get("role") in _SYSTEM_ROLES and i not in stale
+    }
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if users:
         first, latest = users[0], users[-1]
@@ -113,7 +120,15 @@ def protect(
             budget // 2
         ):
             protected.add(first)
-            reply = next((g for g in groups if g.start == first + 1), None)
+            # The reply to the anchor, past any system turn the client put after it.
+            reply = next(
+                (
+                    g
+                    for g in groups
+                    if g.start > first and messages[g.start].get("role") not in _SYSTEM_ROLES
+                ),
+                None,
+            )
             if reply is not None and messages[reply.start].get("role") == "assistant":
                 protected.update(range(reply.start, reply.end))
     tail_budget = tail_ratio * budget
@@ -130,6 +145,23 @@ def protect(
             break
     protected.update(range(tail_start, len(messages)))
     return Protection(frozenset(protected), tail_start)
+
+
+def shown_no_more(messages: Sequence[Message]) -> frozenset[int]:
+    """Indices of the system turns the model is no longer shown: those the client sent
+    with ``clear_at: "next_user_message"`` that a user turn (a user message, or tool
+    results, a user turn on Anthropic's wire) has followed since. The API keeps them out
+    of the prompt; the pipeline may compact them as the least of the history."""
+    if not any(m.get("clear_at") == "next_user_message" for m in messages):
+        return frozenset()
+    last_user = max(
+        (i for i, m in enumerate(messages) if m.get("role") in ("user", "tool")), default=-1
+    )
+    return frozenset(
+        i
+        for i, m in enumerate(messages[:last_user])
+        if is_system_turn(m) and m.get("clear_at") == "next_user_message"
+    )
 
 
 def _answered(messages: Sequence[Message], after: int) -> bool:

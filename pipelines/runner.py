@@ -91,6 +91,7 @@ async def _run(
     """One stage over ``conversation`` (of ``current`` tokens), fail-open, with its report
     appended."""
     ctx.details = {}
+    ctx.off_the_wire = False
     carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
     started = perf_counter()
     error: str | None = None
@@ -98,8 +99,9 @@ async def _run(
         result = await stage(conversation, ctx)
         if not isinstance(result, Conversation):
             raise TypeError(f"returned {type(result).__name__}, not a Conversation")
-        changed = result is not conversation
-        after = tokens(result) if changed else current
+        rewrote = result is not conversation
+        changed = rewrote and not ctx.off_the_wire
+        after = tokens(result) if rewrote else current
     except RequestRejected:
         raise
     except Exception as exc:

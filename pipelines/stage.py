@@ -143,6 +143,10 @@ class StageContext:
     details: dict[str, Any] = field(default_factory=dict)
     """What the running stage wants reported (items touched, refs created); the runner
     gives each stage a fresh dict and files it under the stage's name."""
+    off_the_wire: bool = False
+    """Set by the running stage when what it changed is nothing a wire carries for this
+    model (a field the codecs leave out): its tokens are reported, not an action. The
+    runner clears it before each stage."""
     reencodings: dict[int, tuple[Message, Message]] = field(default_factory=dict)
     """Lossless re-encodings made for this request (a tool output as compact JSON): the
     message made and the message as received, by the id of either (both held, so their

@@ -95,6 +95,7 @@ __all__ = [
     "anthropic_tool",
     "from_message",
     "image_block",
+    "sends_thinking",
     "to_messages",
     "unbinding",
     "with_beta",
@@ -162,6 +163,23 @@ def unbinding(thinking: Any) -> dict[str, Any] | None:
     if thinking.get("block_binding") is not None:
         return None
     return {**thinking, "block_binding": binding}
+
+
+def sends_thinking(chat: Mapping[str, Any]) -> bool:
+    """Whether chat request ``chat`` sends thinking blocks back (an assistant message's
+    ``thinking_blocks``, or thinking parts in its content)."""
+    for message in chat.get("messages") or ():
+        if message.get("role") != "assistant":
+            continue
+        if message.get("thinking_blocks"):
+            return True
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, Mapping) and part.get("type") in ("thinking", "redacted_thinking")
+            for part in content
+        ):
+            return True
+    return False
 
 
 def with_beta(headers: Mapping[str, str], beta: str) -> dict[str, str]:

@@ -415,15 +415,17 @@ def _system_turn_text(content: Any) -> str:
     lines = []
     for block in content:
         kind = block.get("type")
-        tool = block.get("tool") if isinstance(block.get("tool"), Mapping) else {}
-        name = tool.get("name") or (tool.get("definition") or {}).get("name")
-        name = name or tool.get("server_name") or "a tool"
+        tool: Mapping[str, Any] = block["tool"] if isinstance(block.get("tool"), Mapping) else {}
+        definition = tool.get("definition")
+        definition = definition if isinstance(definition, Mapping) else {}
+        name = tool.get("name") or definition.get("name") or tool.get("server_name")
+        which = f"The tool {name}" if isinstance(name, str) and name else "A tool"
         if kind == "text" and block.get("text"):
             lines.append(str(block["text"]))
         elif kind == "tool_addition":
-            lines.append(f"[The tool {name} is available from here on.]")
+            lines.append(f"[{which} is available from here on.]")
         elif kind == "tool_removal":
-            lines.append(f"[The tool {name} is no longer available from here on.]")
+            lines.append(f"[{which} is no longer available from here on.]")
     return "\n\n".join(lines)
 
 

@@ -8,7 +8,12 @@ from typing import Any
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.codecs.anthropic import THINKING_BINDING_BETA, unbinding, with_beta
+from gateway.codecs.anthropic import (
+    THINKING_BINDING_BETA,
+    sends_thinking,
+    unbinding,
+    with_beta,
+)
 from gateway.compaction import compact_request
 from gateway.exchange import Buffered, exchange
 from gateway.relay import buffered_response, streamed_response
@@ -34,7 +39,11 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     upstream = gateway.upstream_for(model)
     wire = ChatWire(upstream)
     bound = upstream is gateway.anthropic and gateway.pipeline.catalog.lookup(model).thinking_bound
-    binding = unbinding(chat.body.get("thinking")) if bound and chat.rewritten else None
+    # Thinking the client set with reasoning_effort is the codec's to make: left alone.
+    effort_only = chat.body.get("thinking") is None and chat.body.get("reasoning_effort")
+    binding = None
+    if bound and chat.rewritten and not effort_only and sends_thinking(chat.result.request):
+        binding = unbinding(chat.body.get("thinking"))
     if binding is not None:
         # As on the Messages route: thinking blocks the client sends back after what the
         # gateway rewrote are dropped by the API, not refused.

@@ -27,7 +27,12 @@ from anthropic.types.beta import MessageCountTokensParams as BetaCountTokensPara
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.codecs.anthropic import THINKING_BINDING_BETA, unbinding, with_beta
+from gateway.codecs.anthropic import (
+    THINKING_BINDING_BETA,
+    sends_thinking,
+    unbinding,
+    with_beta,
+)
 from gateway.codecs.anthropic_inbound import (
     EventTranslator,
     error_from_openai,
@@ -82,12 +87,8 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if upstream is gateway.anthropic:
         info = gateway.pipeline.catalog.lookup(model)
         native = inbound.native
-        binding = unbinding(native.get("thinking")) if info.thinking_bound else None
-        if binding is not None and chat.rewritten:
-            # What the gateway rewrote is before some of the client's thinking blocks: the
-            # API drops those (the model wrote them on another prefix) instead of refusing.
-            native = {**native, "thinking": binding}
-            headers = with_beta(headers, THINKING_BINDING_BETA)
+        if info.thinking_bound and chat.rewritten:
+            native, headers = _unbound(native, headers, chat)
         answer = await exchange(
             request,
             chat,
@@ -154,13 +155,28 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
         headers = upstream_request_headers(
             request.headers.items(), gateway.upstream_key(chat.caller, model)
         )
-        messages = to_request(outgoing, inbound.native, default_max_tokens=1)
+        native = inbound.native
+        if gateway.pipeline.catalog.lookup(model).thinking_bound and chat.rewritten:
+            native, headers = _unbound(native, headers, chat)
+        messages = to_request(outgoing, native, default_max_tokens=1)
         counted = {k: v for k, v in messages.items() if k in _COUNTED}
         response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
         body = await gateway.anthropic.read_body(response)
         return buffered_response(response, body, ours)
     body = orjson.dumps({"input_tokens": report.tokens_after})
     return ASGIResponse(body=body, media_type="application/json", headers=ours)
+
+
+def _unbound(
+    native: dict[str, Any], headers: dict[str, str], chat: ChatRequest
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``native`` and ``headers`` asking the API to drop, not refuse, the thinking blocks
+    sent back whose prefix the gateway rewrote (a model that binds thinking to its prefix);
+    as they are when no thinking block goes back."""
+    binding = unbinding(native.get("thinking")) if sends_thinking(chat.result.request) else None
+    if binding is None:
+        return native, headers
+    return {**native, "thinking": binding}, with_beta(headers, THINKING_BINDING_BETA)
 
 
 def _answer_ids(chat: ChatRequest) -> tuple[str, ...]:

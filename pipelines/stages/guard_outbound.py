@@ -4,9 +4,9 @@ The budget is ``min(window - output reserve, max-input)``. If the stages before 
 bring the request under it, the gateway answers 400 ``context_length_exceeded`` and sends
 nothing, rather than let the provider fail it after a round trip: nothing the client sent
 is dropped to make it fit. The message says what could not be shortened (the tools, the
-system prompt, the latest user message: an agent's fixed part, some 20,000 tokens for
-Claude Code) and the smallest ``max-input`` with which the request fits, or that the
-model's window cannot hold it.
+system prompt, the system messages an agent sends inside the history, the latest user
+message: an agent's fixed part, some 12,000 tokens for Claude Code) and the smallest
+``max-input`` with which the request fits, or that the model's window cannot hold it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Final
 
 from pipelines.conversation import Conversation
 from pipelines.errors import RequestRejected
+from pipelines.messages import is_system_turn
 from pipelines.stage import StageContext
 
 __all__ = ["GuardOutbound"]
@@ -60,11 +61,13 @@ class GuardOutbound:
 def _fixed_part(conversation: Conversation, ctx: StageContext) -> str:
     """What a request keeps whatever the compaction, with its tokens."""
     messages = conversation.messages
-    system = sum(ctx.tokens.message(m) for m in messages if m.get("role") in _SYSTEM_ROLES)
+    system = [m for m in messages if m.get("role") in _SYSTEM_ROLES and not is_system_turn(m)]
+    turns = [m for m in messages if is_system_turn(m)]
     users = [m for m in messages if m.get("role") == "user"]
     parts = [
         ("the tools", ctx.counter.count_tools(conversation.tools)),
-        ("the system prompt", system),
+        ("the system prompt", sum(ctx.tokens.message(m) for m in system)),
+        ("the system messages in the history", sum(ctx.tokens.message(m) for m in turns)),
         ("the latest user message", ctx.tokens.message(users[-1]) if users else 0),
     ]
     shown = [f"{what} ({count:,} tokens)" for what, count in parts if count]

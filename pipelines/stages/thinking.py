@@ -11,8 +11,9 @@
   the wire, not a new one), the older ones dropped, which the API would ignore. The blocks
   come either as content parts or, as the gateway's Anthropic codec carries them, in an
   assistant message's ``thinking_blocks`` list; both are treated alike.
-  ``reasoning_content`` is left as it is: no Anthropic wire carries it (the codecs leave it
-  out), so removing it would change nothing that goes up.
+  ``reasoning_content`` (an OpenAI-compatible field) is dropped so that it is not counted:
+  no Anthropic wire carries it, so that alone changes nothing that goes up and is no
+  action (``StageContext.off_the_wire``).
 - ``reasoning_echo`` (DeepSeek, Kimi, MiMo): ``reasoning_content`` is dropped from assistant
   messages before the last user message, except on those with ``tool_calls``, which the
   APIs reject without it; an assistant tool-call message lacking it gets a short non-empty
@@ -48,8 +49,9 @@ class Thinking:
 
     async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
         style = ctx.model.thinking
-        if style == "anthropic" and (ctx.model.keeps_thinking or _edits_thinking(conversation)):
-            return conversation
+        keep_blocks = style == "anthropic" and (
+            ctx.model.keeps_thinking or _edits_thinking(conversation)
+        )
         messages = conversation.messages
         if not any(_may_change(message, style) for message in messages):
             return conversation
@@ -63,13 +65,13 @@ class Thinking:
             current_turn = index > last_user
             new = message
             has_reasoning = "reasoning_content" in message
-            keep_reasoning = style == "anthropic" or (
-                style == "reasoning_echo" and (current_turn or bool(message.get("tool_calls")))
+            keep_reasoning = style == "reasoning_echo" and (
+                current_turn or bool(message.get("tool_calls"))
             )
             if has_reasoning and not keep_reasoning:
                 new = {k: v for k, v in new.items() if k != "reasoning_content"}
                 reasoning_dropped += 1
-            if not (style == "anthropic" and current_turn):
+            if not (keep_blocks or (style == "anthropic" and current_turn)):
                 stripped = _without_thinking_blocks(new)
                 if stripped is not new:
                     new, blocks_dropped = stripped, blocks_dropped + 1
@@ -88,6 +90,9 @@ class Thinking:
             thinking_blocks_dropped=blocks_dropped,
             reasoning_backfilled=backfilled,
         )
+        # No Anthropic wire carries ``reasoning_content``: dropping it only stops it being
+        # counted; what goes up is the same.
+        ctx.off_the_wire = style == "anthropic" and not blocks_dropped
         return conversation.with_messages(rewritten)
 
 
@@ -123,7 +128,7 @@ def _may_change(message: Message, style: str) -> bool:
     if message.get("role") != "assistant":
         return False
     return (
-        ("reasoning_content" in message and style != "anthropic")
+        "reasoning_content" in message
         or "thinking_blocks" in message
         or type(message.get("content")) is list
         or (style == "reasoning_echo" and bool(message.get("tool_calls")))

@@ -121,6 +121,19 @@ async def test_running_usage_totals_are_not_added_up_within_a_round() -> None:
     assert totals == [usage]
 
 
+async def test_usage_stays_where_the_upstream_put_it() -> None:
+    """Usage the upstream put on its finish chunk (unasked, as some providers do) comes back
+    on the finish chunk, with no chunk without choices the client did not ask for; usage
+    the upstream sent in a chunk of its own (``include_usage``) comes back so."""
+    usage = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
+    on_finish, _, _ = await run([[chunk({"content": "a"}), chunk({}, "stop", usage=usage)]])
+    assert all(c["choices"] for c in on_finish)
+    assert on_finish[-1]["usage"] == usage
+    assert on_finish[-1]["choices"][0]["finish_reason"] == "stop"
+    apart, _, _ = await run([[chunk({"content": "a"}), chunk({}, "stop"), chunk(usage=usage)]])
+    assert apart[-1] == {**BASE, "choices": [], "usage": usage}
+
+
 async def test_a_call_whose_name_comes_late_is_still_recognised() -> None:
     out, _, resent = await run(
         [

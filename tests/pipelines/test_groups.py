@@ -123,3 +123,57 @@ def test_huge_pins_release_the_anchor() -> None:
     assert {0, 1, 4} <= relaxed.indices
     assert 0 not in tight.indices
     assert 4 in tight.indices
+
+
+def claude_code_history(turns: int) -> list[dict[str, Any]]:
+    """Claude Code's shape: a system turn after the first user message (its environment),
+    and one shown only until the next user turn after each later user message."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are Claude Code."},
+        {"role": "user", "content": "Fix the build."},
+        {"role": "system", "system_turn": True, "content": "Environment: Linux."},
+        {"role": "assistant", "content": "On it."},
+    ]
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"Step {n}?"})
+        messages.append(
+            {
+                "role": "system",
+                "system_turn": True,
+                "clear_at": "next_user_message",
+                "content": f"Reminder {n}. " * 200,
+            }
+        )
+        messages.append({"role": "assistant", "content": f"Did step {n}."})
+    return messages
+
+
+def test_the_anchors_reply_is_found_past_a_system_turn() -> None:
+    """The reply to the first user message stays protected when the client put a system
+    turn between them (Claude Code's environment message)."""
+    messages = claude_code_history(3)
+    protection = protect(
+        messages,
+        split_groups(messages),
+        budget=100_000,
+        tail_ratio=0.0,
+        tokens_of=COUNTER.count_message,
+    )
+    assert {0, 1, 2, 3} <= protection.indices
+
+
+def test_system_turns_no_longer_shown_are_the_least_of_the_history() -> None:
+    """A system turn shown only until the next user turn, once one followed, is neither
+    protected nor ranked as a system message: compaction may take it first. The current
+    one, and every other system message, stay protected."""
+    messages = claude_code_history(3)
+    groups = split_groups(messages)
+    protection = protect(
+        messages, groups, budget=100_000, tail_ratio=0.0, tokens_of=COUNTER.count_message
+    )
+    stale = [5, 8]
+    current = len(messages) - 2
+    assert not set(stale) & protection.indices
+    assert {0, 2, current} <= protection.indices
+    priorities = {g.start: g.priority for g in groups}
+    assert [priorities[i] for i in stale] == [TOOL_RESULT, TOOL_RESULT]

@@ -1021,6 +1021,21 @@ def test_mid_conversation_system_messages_to_an_openai_upstream() -> None:
     }
 
 
+def test_a_tool_change_of_any_shape_becomes_a_line_of_text() -> None:
+    """A tool change whose reference is not of a shape the codec knows (a definition that
+    is a string, no name at all) still becomes a line for an OpenAI-compatible upstream."""
+    for tool in ({"type": "tool_definition", "definition": "assistant"}, {"type": "x"}, "a"):
+        turn = {"role": "system", "content": [{"type": "tool_removal", "tool": tool}]}
+        sent = openai_request(from_request({**REQUEST, "messages": [HI_TURN, turn]}).chat)
+        assert sent["messages"][-1] == {
+            "role": "system",
+            "content": "[A tool is no longer available from here on.]",
+        }
+
+
+HI_TURN = {"role": "user", "content": "Hi"}
+
+
 def test_tools_the_gateway_adds_survive_an_empty_tools_field() -> None:
     """A client that sends ``tools: []`` (or an empty system) still gets the tools the
     gateway adds after the pipeline (the restore tool), while a request left as it came

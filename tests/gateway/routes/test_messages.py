@@ -787,6 +787,53 @@ def test_thinking_sent_back_unchanged_is_no_action(
     assert sent[1]["content"][0] == thinking
 
 
+def test_thinking_bound_to_its_prefix_is_dropped_not_refused_after_a_rewrite(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """To a model that binds thinking to its prefix (Claude Opus 5.5): a request that sends
+    no thinking back goes as the client wrote it (no thinking setting added, even with
+    forced tool use); one that sends thinking back after the gateway rewrote what precedes
+    it (an offloaded tool output) asks the API to drop the blocks that no longer match,
+    under the beta that allows it."""
+    headers = {"x-api-key": "sk-ant-mine", "anthropic-version": "2023-06-01"}
+    upstream.push(JSONReply(ANSWER), JSONReply(ANSWER))
+    first = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 1_000,
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "temperature": 0.2,
+    }
+    assert httpx.post(f"{gateway.url}/v1/messages", json=first, headers=headers).status_code == 200
+    thinking = {"type": "thinking", "thinking": "", "signature": "c2ln"}
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny " * 8_000}
+    second = {
+        "model": "claude-opus-5-5",
+        "max_tokens": 1_000,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "messages": [
+            *MESSAGES,
+            {"role": "assistant", "content": [thinking, call]},
+            {"role": "user", "content": [result]},
+        ],
+        "tools": [WEATHER],
+    }
+    response = httpx.post(f"{gateway.url}/v1/messages", json=second, headers=headers)
+    assert response.status_code == 200
+    assert "filter" in response.headers["x-contextgate-actions"]
+    plain, rewritten = upstream.received
+    assert "thinking" not in plain.json()
+    assert "anthropic-beta" not in plain.headers
+    assert rewritten.json()["thinking"] == {
+        "type": "adaptive",
+        "display": "omitted",
+        "block_binding": {"prefix_mismatch_behavior": "drop_block"},
+    }
+    assert rewritten.headers["anthropic-beta"] == "thinking-binding-controls-2026-08-01"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("body", [b"<html>Bad gateway</html>", b"[1, 2]"])
 def test_a_success_that_is_not_a_completion_is_a_502(

@@ -42,14 +42,12 @@ def conversation() -> list[dict[str, Any]]:
 
 
 async def test_anthropic_keeps_current_turn_blocks_only() -> None:
-    """Claude that drops earlier turns' thinking: thinking blocks stay, signatures intact,
-    only on the current turn's assistant messages; reasoning_content, which no Anthropic
-    wire carries, is left as it is."""
+    """Claude that drops earlier turns' thinking: reasoning_content goes everywhere (no
+    Anthropic wire carries it); thinking blocks stay, signatures intact, only on the
+    current turn's assistant messages."""
     out = (await run_stage(Thinking(), conversation(), model="claude-sonnet-4-5")).request
     messages = out["messages"]
-    assert [m.get("reasoning_content") for m in messages] == [
-        m.get("reasoning_content") for m in conversation()
-    ]
+    assert all("reasoning_content" not in m for m in messages)
     assert messages[4]["content"] == [{"type": "text", "text": "Old answer"}]
     assert messages[6]["content"] == [REDACTED, THINK, {"type": "text", "text": "Checking"}]
 
@@ -80,8 +78,8 @@ async def test_a_clients_clear_thinking_edit_is_left_to_the_api() -> None:
 
 async def test_reasoning_content_beside_blocks_is_no_action_for_claude() -> None:
     """An assistant turn as the Messages codec carries it (blocks plus their text as
-    reasoning_content), all on the current turn: nothing changes on Claude's wire, so the
-    stage changes nothing and reports nothing."""
+    reasoning_content), all on the current turn: its reasoning_content is dropped so that
+    it is not counted, but nothing changes on Claude's wire, so no action is reported."""
     messages = [
         {"role": "user", "content": "go"},
         {
@@ -94,8 +92,9 @@ async def test_reasoning_content_beside_blocks_is_no_action_for_claude() -> None
         {"role": "tool", "tool_call_id": "c1", "content": "r"},
     ]
     result = await run_stage(Thinking(), messages, model="claude-sonnet-4-5")
-    assert not result.changed
     assert result.report.actions == []
+    assert result.request["messages"][1]["thinking_blocks"] == [THINK]
+    assert "reasoning_content" not in result.request["messages"][1]
 
 
 async def test_deepseek_keeps_tool_call_reasoning() -> None:
@@ -140,6 +139,19 @@ async def test_other_families_drop_both() -> None:
         assert all("reasoning_content" not in m for m in out)
         assert out[4]["content"] == ""
         assert out[6]["content"] == [{"type": "text", "text": "Checking"}]
+
+
+async def test_reasoning_echoed_to_claude_is_not_counted() -> None:
+    """An OpenAI client echoing only reasoning_content to Claude (no blocks): it is not
+    counted, since it never goes up, and no action is reported."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "done", "reasoning_content": "long thought " * 500},
+        {"role": "user", "content": "and now?"},
+    ]
+    result = await run_stage(Thinking(), messages, model="claude-sonnet-4-6")
+    assert result.report.actions == []
+    assert result.report.tokens_after < result.report.tokens_before - 900
 
 
 async def test_clean_conversation_passes_through_untouched() -> None:
