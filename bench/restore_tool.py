@@ -42,8 +42,8 @@ from bench.compaction import requests_of
 from bench.prompt_cache import PrefixCache
 from bench.report import publish
 from gateway.codecs.anthropic import to_messages
-from gateway.restore import RESTORE_TOOL_NAME
-from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.context.restore import RESTORE_TOOL_NAME
 from pipelines import TokenCounter
 from tests.harness import GatewayServer
 from tests.mock_models import ClaudeModel

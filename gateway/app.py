@@ -11,13 +11,13 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import RedocRenderPlugin
 
-from gateway.access import AccessLog
-from gateway.admission import Admission
 from gateway.codecs.anthropic_inbound import error_body
-from gateway.drain import Drain
+from gateway.config.settings import Settings, load_settings
+from gateway.edge.access import AccessLog
+from gateway.edge.admission import Admission
+from gateway.edge.drain import Drain
 from gateway.errors import GatewayError
-from gateway.openapi import DocumentJson
-from gateway.relay import ANTHROPIC_ROUTES, error_response
+from gateway.http.responses import ANTHROPIC_ROUTES, error_response
 from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.health import healthz, readyz
@@ -25,11 +25,11 @@ from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
+from gateway.routes.openapi import DocumentJson
 from gateway.routes.passthrough import relayed, stored_completions
-from gateway.server_span import ServerSpans
-from gateway.settings import Settings, load_settings
-from gateway.state import Gateway
-from gateway.tracing import configure_tracing, flush_spans, tracing_on
+from gateway.runtime import Gateway
+from gateway.telemetry.server_span import ServerSpans
+from gateway.telemetry.tracing import configure_tracing, flush_spans, tracing_on
 
 __all__ = ["create_app"]
 
@@ -92,7 +92,7 @@ def create_app(
 ) -> Litestar:
     """A gateway application. ``settings`` default to ``load_settings()`` (file and env).
     The process's tracing is set up from the ``OTEL_*`` variables first
-    (``gateway.tracing``); with it on, each request gets a server span."""
+    (``gateway.telemetry.tracing``); with it on, each request gets a server span."""
     settings = settings or load_settings()
     configure_tracing()
     traced = tracing_on()

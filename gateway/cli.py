@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import orjson
 
+from gateway.config.settings import ConfigError, load_settings
 from gateway.errors import GatewayError
-from gateway.headers import policy_from_header
-from gateway.logs import LEVELS, configure_logging
-from gateway.settings import ConfigError, load_settings
-from gateway.tenants import hash_key
+from gateway.http.headers import policy_from_header
+from gateway.telemetry.logs import LEVELS, configure_logging
+from gateway.tenancy.tenants import hash_key
 
 __all__ = ["main"]
 
@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.drain import DrainingServer
+    from gateway.edge.drain import DrainingServer
 
     if args.log_level not in LEVELS:
         print(

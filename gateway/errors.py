@@ -173,7 +173,7 @@ class ShuttingDown(GatewayError):
 
 class Overloaded(GatewayError):
     """The process is past its ``max_in_flight``, or work waits longer than
-    ``max_queue_delay`` (``gateway.overload``); refused before any work, with
+    ``max_queue_delay`` (``gateway.edge.overload``); refused before any work, with
     ``Retry-After``. Sent again, it may reach another replica or a calmer moment."""
 
     status = 503

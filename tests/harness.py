@@ -18,8 +18,8 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
-from gateway.drain import DrainingServer
-from gateway.settings import Settings
+from gateway.config.settings import Settings
+from gateway.edge.drain import DrainingServer
 
 
 def free_port() -> int:

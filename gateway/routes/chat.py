@@ -14,12 +14,12 @@ from gateway.codecs.anthropic import (
     unbinding,
     with_beta,
 )
-from gateway.compaction import compact_request
-from gateway.exchange import Buffered, exchange
-from gateway.relay import buffered_response, streamed_response
-from gateway.state import Gateway
-from gateway.upstream import upstream_request_headers
-from gateway.wires import ChatWire
+from gateway.context.compaction import compact_request
+from gateway.context.exchange import Buffered, exchange
+from gateway.context.wires import ChatWire
+from gateway.http.responses import buffered_response, streamed_response
+from gateway.providers.openai import upstream_request_headers
+from gateway.runtime import Gateway
 
 __all__ = ["chat_completions"]
 

@@ -8,8 +8,8 @@ import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.compaction import compact_request
-from gateway.headers import report_headers
+from gateway.context.compaction import compact_request
+from gateway.http.headers import report_headers
 
 __all__ = ["compact_dry_run"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.state import Gateway
+from gateway.runtime import Gateway
 
 __all__ = ["healthz", "readyz"]
 

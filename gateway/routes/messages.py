@@ -41,20 +41,20 @@ from gateway.codecs.anthropic_inbound import (
     parse_request,
     to_request,
 )
-from gateway.compaction import (
+from gateway.context.compaction import (
     ChatRequest,
     compact_request,
     refuse_upstream_choice,
     request_body,
 )
-from gateway.exchange import Buffered, exchange
-from gateway.headers import report_headers
-from gateway.relay import anthropic_error_event, buffered_response, streamed_response
-from gateway.restore import chain
-from gateway.sse import event_data
-from gateway.state import Gateway
-from gateway.upstream import json_answer, upstream_request_headers
-from gateway.wires import ChatWire, MessagesWire
+from gateway.context.exchange import Buffered, exchange
+from gateway.context.restore import chain
+from gateway.context.wires import ChatWire, MessagesWire
+from gateway.http.headers import report_headers
+from gateway.http.responses import anthropic_error_event, buffered_response, streamed_response
+from gateway.http.sse import event_data
+from gateway.providers.openai import json_answer, upstream_request_headers
+from gateway.runtime import Gateway
 
 __all__ = ["count_tokens", "messages"]
 

@@ -10,7 +10,7 @@ from litestar import Request, get
 from litestar.response.base import ASGIResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.state import Gateway
+from gateway.runtime import Gateway
 
 __all__ = ["metrics"]
 

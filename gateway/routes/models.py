@@ -10,13 +10,13 @@ import orjson
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.auth import caller_of
-from gateway.client import while_connected
-from gateway.headers import report_headers
-from gateway.relay import buffered_response
-from gateway.state import Gateway
-from gateway.tenants import Profile
-from gateway.upstream import json_answer, upstream_request_headers
+from gateway.http.client import while_connected
+from gateway.http.headers import report_headers
+from gateway.http.responses import buffered_response
+from gateway.providers.openai import json_answer, upstream_request_headers
+from gateway.runtime import Gateway
+from gateway.tenancy.auth import caller_of
+from gateway.tenancy.tenants import Profile
 
 __all__ = ["list_models"]
 

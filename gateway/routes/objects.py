@@ -14,10 +14,10 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.auth import caller_of
 from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.state import Gateway
+from gateway.runtime import Gateway
 from gateway.store import REF_PATTERN
+from gateway.tenancy.auth import caller_of
 from pipelines import StoreError
 
 __all__ = ["get_object", "line_range"]

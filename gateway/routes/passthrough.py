@@ -1,4 +1,4 @@
-"""Every other OpenAI route, relayed to the upstream as it came (``gateway.passthrough``).
+"""Every other OpenAI route, relayed to the upstream as it came (``gateway.routes.relay``).
 
 Litestar matches static path segments before parameters and does not backtrack, so the
 catch-all is declared again under each of the gateway's own paths that has relayed
@@ -15,7 +15,7 @@ from typing import Any, Final
 from litestar import HttpMethod, Request, get, route
 from litestar.response.base import ASGIResponse
 
-from gateway.passthrough import relay
+from gateway.routes.relay import relay
 
 __all__ = ["relayed", "stored_completions"]
 

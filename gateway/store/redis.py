@@ -52,10 +52,10 @@ from typing import Any, Final, TypeVar
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.settings import StoreSettings
+from gateway.config.settings import StoreSettings
 from gateway.store.refs import make_ref
 from gateway.store.topologies import RedisClient, RedisTopology, connect
-from gateway.tracing import trace_redis
+from gateway.telemetry.tracing import trace_redis
 from pipelines import ConversationState, StoreError
 
 __all__ = [
@@ -81,7 +81,7 @@ REQUEST_FAILURES: ContextVar[list[int] | None] = ContextVar(
     "contextgate_store_request_failures", default=None
 )
 """A one-item list counting the store operations that failed while serving the current
-request, set per request by ``gateway.access`` (``None`` outside a request)."""
+request, set per request by ``gateway.edge.access`` (``None`` outside a request)."""
 _UNLOCK: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0

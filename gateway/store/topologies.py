@@ -33,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 if TYPE_CHECKING:
-    from gateway.settings import StoreSettings
+    from gateway.config.settings import StoreSettings
 
 __all__ = ["RedisClient", "RedisTopology", "connect"]
 

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from gateway.app import create_app
-from gateway.logs import JsonFormatter
+from gateway.telemetry.logs import JsonFormatter
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
 from tests.mock_upstream import (
@@ -196,7 +196,7 @@ def test_a_key_never_reaches_the_log_not_even_from_errors(
     async def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError(f"the store said: Authorization: Bearer {CANARY} ({CANARY})")
 
-    monkeypatch.setattr("gateway.compaction._compact", explode)
+    monkeypatch.setattr("gateway.context.compaction._compact", explode)
     crashed = httpx.post(
         f"{gateway.base_url}/chat/completions",
         json={"model": "gpt-4o", "messages": MESSAGES},

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.settings import AnthropicSettings, Settings, TenantSettings, UpstreamSettings
-from gateway.tenants import hash_key
+from gateway.config.settings import AnthropicSettings, Settings, TenantSettings, UpstreamSettings
+from gateway.tenancy.tenants import hash_key
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.client import read_body, while_connected
 from gateway.errors import ClientDisconnected, PayloadTooLarge, RequestTimeout
+from gateway.http.client import read_body, while_connected
 
 
 def channel(*messages: dict[str, Any], then_wait: bool = True) -> Any:

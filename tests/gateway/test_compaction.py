@@ -1,5 +1,5 @@
 """The restore tool as part of the compacted request: budgeted, and its arrival a predicted
-cache break (``gateway.compaction``)."""
+cache break (``gateway.context.compaction``)."""
 
 from __future__ import annotations
 

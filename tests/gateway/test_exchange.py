@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.exchange import _Metered, _Remembering
-from gateway.metrics import Metrics
-from gateway.wires import ChatWire
+from gateway.context.exchange import _Metered, _Remembering
+from gateway.context.wires import ChatWire
+from gateway.telemetry.metrics import Metrics
 from pipelines import ConversationState
 from pipelines.report import Report
 

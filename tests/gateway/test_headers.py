@@ -6,7 +6,7 @@ import http_sfv
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.headers import policy_from_header, report_headers
+from gateway.http.headers import policy_from_header, report_headers
 from pipelines import Policy, PolicyBounds, Report
 from pipelines.policy import BOUNDS
 

@@ -13,14 +13,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.settings import (
+from gateway.config.settings import (
     LimitSettings,
     Settings,
     StoreSettings,
     TenantSettings,
     UpstreamSettings,
 )
-from gateway.tenants import hash_key
+from gateway.tenancy.tenants import hash_key
 from tests.harness import GatewayServer, redis_server
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
 
@@ -207,8 +207,8 @@ def test_many_callers_inside_their_window_stay_limited_without_a_pass_per_reques
     10,000 arrival times kept before past ones are dropped) are each still limited, and
     dropping past arrival times does not come back on every admission once most of what
     is kept is still ahead of its time."""
-    from gateway.limits import Limiter
-    from gateway.metrics import Metrics
+    from gateway.telemetry.metrics import Metrics
+    from gateway.tenancy.limits import Limiter
 
     limiter = Limiter(None, Metrics())
     keys = [f"caller-{n}" for n in range(25_000)]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from gateway.logs import JsonFormatter, configure_logging, redact
+from gateway.telemetry.logs import JsonFormatter, configure_logging, redact
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 

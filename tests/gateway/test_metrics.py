@@ -15,8 +15,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.settings import Settings, StoreSettings, TenantSettings, UpstreamSettings
-from gateway.tenants import hash_key
+from gateway.config.settings import Settings, StoreSettings, TenantSettings, UpstreamSettings
+from gateway.tenancy.tenants import hash_key
 from tests.conftest import settings_for
 from tests.gateway.routes.test_messages import ANSWER
 from tests.gateway.test_summaries import SummaryModel, turns

@@ -13,10 +13,10 @@ import time
 import httpx
 import uvloop
 
-from gateway.accept import EagerAccept
+from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.edge.accept import EagerAccept
+from gateway.edge.overload import FLOOR, GRACE, TICK, Shedder
 from gateway.errors import Overloaded
-from gateway.overload import FLOOR, GRACE, TICK, Shedder
-from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 

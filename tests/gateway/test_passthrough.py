@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.passthrough import route_label, upstream_target
-from gateway.settings import Settings, TenantSettings, UpstreamSettings
-from gateway.tenants import hash_key
+from gateway.config.settings import Settings, TenantSettings, UpstreamSettings
+from gateway.routes.relay import route_label, upstream_target
+from gateway.tenancy.tenants import hash_key
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
 from tests.mock_upstream import (

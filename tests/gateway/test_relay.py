@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import anyio
 from litestar.types import Message
 
-from gateway.relay import RelayStream
-from gateway.sse import KEEPALIVE
+from gateway.http.responses import RelayStream
+from gateway.http.sse import KEEPALIVE
 
 EVENTS = [b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
 

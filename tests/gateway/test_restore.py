@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.codecs.anthropic import to_messages
-from gateway.restore import RESTORE_TOKENS, Restorer, add_usage, with_restore_tool
+from gateway.context.restore import RESTORE_TOKENS, Restorer, add_usage, with_restore_tool
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, StoreError, TokenCounter
 from pipelines.stages.media import Media

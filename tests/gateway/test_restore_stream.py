@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import restore
-from gateway.restore import RESTORE_TOOL_NAME, Restorer, with_restore_tool
-from gateway.sse import event_data
+from gateway.context import restore
+from gateway.context.restore import RESTORE_TOOL_NAME, Restorer, with_restore_tool
+from gateway.http.sse import event_data
 from gateway.store import MemoryStore
 from gateway.store.stores import Deadlined
 from pipelines import StoreError, TokenCounter

@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.compaction import requests_of
-from gateway.restore import RESTORE_TOOL_NAME
+from gateway.context.restore import RESTORE_TOOL_NAME
 from pipelines.summary import summary_message
 from tests.harness import Replicas, ServeProcess, redis_server
 from tests.mock_upstream import (

@@ -19,7 +19,7 @@ import openai
 import pytest
 import redis
 
-from gateway.tenants import hash_key
+from gateway.tenancy.tenants import hash_key
 from tests.harness import RedisServer, ServeProcess, redis_server
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
 from tests.otlp_receiver import OTLPReceiver

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import sse_events
+from gateway.http.sse import sse_events
 
 EVENTS = [b'data: {"a": 1}\n\n', b": keep-alive\n\n", b"event: x\ndata: y\n\n", b"data: [DONE]\n\n"]
 

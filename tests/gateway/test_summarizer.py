@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.settings import UpstreamSettings
-from gateway.summarizer import SummaryFailed, UpstreamSummarizer
-from gateway.upstream import Upstream
+from gateway.config.settings import UpstreamSettings
+from gateway.providers.openai import Upstream
+from gateway.summaries.summarizer import SummaryFailed, UpstreamSummarizer
 from pipelines.summary import FIELDS, LIST_FIELDS
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import StoreSettings
+from gateway.config.settings import StoreSettings
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisBackend, RedisConversations
-from gateway.summaries import SummaryService
+from gateway.summaries.service import SummaryService
 from pipelines import StoreError
 from pipelines.checkpoints import SummaryJob, chain_of
 from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed

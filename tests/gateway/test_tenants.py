@@ -16,8 +16,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.auth import credential_of
-from gateway.settings import (
+from gateway.config.settings import (
     AnthropicSettings,
     ConfigError,
     LimitSettings,
@@ -25,7 +24,8 @@ from gateway.settings import (
     TenantSettings,
     UpstreamSettings,
 )
-from gateway.tenants import hash_key
+from gateway.tenancy.auth import credential_of
+from gateway.tenancy.tenants import hash_key
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 

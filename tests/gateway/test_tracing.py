@@ -475,7 +475,7 @@ def test_only_the_otel_variables_turn_tracing_on(env: dict[str, str], on: bool) 
     """An exporter is installed when an endpoint or an exporter is named, and not when
     none is, the SDK is disabled, or the exporter is ``none``."""
     script = (
-        "from gateway.tracing import configure_tracing, tracing_on\n"
+        "from gateway.telemetry.tracing import configure_tracing, tracing_on\n"
         "configure_tracing(); configure_tracing(); print(tracing_on())\n"
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -496,7 +496,7 @@ def test_a_grpc_protocol_is_sent_over_http_with_a_warning() -> None:
     HTTP instead of failing to start."""
     script = (
         "import logging; logging.basicConfig()\n"
-        "from gateway.tracing import configure_tracing, tracing_on\n"
+        "from gateway.telemetry.tracing import configure_tracing, tracing_on\n"
         "configure_tracing(); print(tracing_on())\n"
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

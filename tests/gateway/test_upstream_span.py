@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from gateway.upstream_span import UpstreamCall
+from gateway.telemetry.upstream_span import UpstreamCall
 from tests.gateway.codecs.test_anthropic import events_of
 
 

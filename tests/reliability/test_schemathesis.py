@@ -21,8 +21,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
-from gateway.openapi import complete
-from gateway.settings import Settings
+from gateway.config.settings import Settings
+from gateway.routes.openapi import complete
 from tests.harness import GatewayServer
 
 DEEP = os.environ.get("CONTEXTGATE_FUZZ") == "deep"

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.sse import KEEPALIVE
+from gateway.http.sse import KEEPALIVE
 from tests.harness import ServeProcess
 from tests.mock_upstream import MockUpstream, Received, Reply, SSEReply, chat_chunk, events_of
 

@@ -570,7 +570,7 @@ def test_each_tool_comes_back_with_the_clients_key_order() -> None:
 def test_a_tool_the_gateway_changed_keeps_the_clients_key_order() -> None:
     """A marker the pipeline puts on a client's tool comes after that tool's own keys,
     which keep the client's order; a tool the gateway adds is as the codec makes it."""
-    from gateway.restore import RESTORE_TOOL_NAME, with_restore_tool
+    from gateway.context.restore import RESTORE_TOOL_NAME, with_restore_tool
 
     task = CLAUDE_CODE_TOOLS[0]
     request = {**REQUEST, "messages": REQUEST["messages"][:1], "tools": [task]}
@@ -1040,7 +1040,7 @@ def test_tools_the_gateway_adds_survive_an_empty_tools_field() -> None:
     """A client that sends ``tools: []`` (or an empty system) still gets the tools the
     gateway adds after the pipeline (the restore tool), while a request left as it came
     goes back with its empty fields."""
-    from gateway.restore import RESTORE_TOOL_NAME, with_restore_tool
+    from gateway.context.restore import RESTORE_TOOL_NAME, with_restore_tool
 
     request = {**REQUEST, "system": [], "tools": [], "messages": REQUEST["messages"][:1]}
     split = from_request(request)

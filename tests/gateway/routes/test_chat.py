@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.restore import RESTORE_TOOL
+from gateway.context.restore import RESTORE_TOOL
 from pipelines import TokenCounter
 from tests.conftest import settings_for
 from tests.harness import GatewayServer

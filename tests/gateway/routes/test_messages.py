@@ -16,7 +16,7 @@ import pytest
 from bench.compaction import requests_of
 from gateway.codecs.anthropic import to_messages
 from gateway.codecs.anthropic_inbound import message_of
-from gateway.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
 from pipelines import TokenCounter
 from pipelines.cache_break import without_markers
 from tests.gateway.codecs.test_anthropic import STREAMS, TRACES, events_of
@@ -1008,8 +1008,8 @@ def test_a_tenants_gateway_key_never_goes_upstream(upstream: MockUpstream, path:
     """With tenants, a Messages client's gateway key (sent as x-api-key) goes nowhere:
     Anthropic gets the Anthropic key, the OpenAI-compatible upstream the OpenAI key, and
     neither gets the other's."""
-    from gateway.settings import TenantSettings
-    from gateway.tenants import hash_key
+    from gateway.config.settings import TenantSettings
+    from gateway.tenancy.tenants import hash_key
 
     settings = Settings(
         upstream=UpstreamSettings(base_url=upstream.base_url, api_key="sk-openai-SECRET"),

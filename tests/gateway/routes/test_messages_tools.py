@@ -7,7 +7,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.restore import RESTORE_TOOL_NAME
+from gateway.context.restore import RESTORE_TOOL_NAME
 from tests.gateway.codecs.test_anthropic_inbound import CLAUDE_CODE_TOOLS
 from tests.gateway.routes.test_messages import ANSWER, MESSAGES
 from tests.harness import GatewayServer

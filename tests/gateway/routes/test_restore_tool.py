@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import orjson
 
-from gateway.restore import RESTORE_TOOL_NAME
+from gateway.context.restore import RESTORE_TOOL_NAME
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply, chat_completion, events_of
 

@@ -1,0 +1,1 @@
+"""The configuration: typed settings per feature, and the YAML loader."""

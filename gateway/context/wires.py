@@ -1,0 +1,235 @@
+"""The upstream's side of an exchange (``gateway.context.exchange.Wire``), one per API.
+
+- ``ChatWire``: OpenAI chat completions, to an OpenAI-compatible upstream or to the built-in
+  Anthropic provider behind its OpenAI face (``AnthropicUpstream.send``). An inbound
+  Messages request sent this way has its Anthropic-only fields removed first
+  (``for_openai``) and always asks for the usage of its stream.
+- ``MessagesWire``: the Anthropic Messages API natively (``AnthropicUpstream.send_messages``),
+  for Messages clients on ``claude-*`` models: the answer is Anthropic's own bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.codecs.anthropic import usage_of
+from gateway.codecs.anthropic_answers import error_status
+from gateway.codecs.anthropic_inbound import to_request
+from gateway.context import restore, restore_messages
+from gateway.context.restore import Resend, ResendStream, Restorer
+from gateway.http.sse import event_data
+from gateway.providers.anthropic import AnthropicUpstream
+from gateway.providers.openai import ChatUpstream
+
+__all__ = ["ChatWire", "MessagesWire"]
+
+
+class ChatWire:
+    """OpenAI chat completions on the wire."""
+
+    __slots__ = ("_prepare", "upstream")
+
+    def __init__(
+        self,
+        upstream: ChatUpstream,
+        prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self._prepare = prepare
+        """Applied to each request before it is encoded (an inbound Messages request's
+        Anthropic-only fields removed)."""
+
+    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
+        if self._prepare is not None:
+            return orjson.dumps(self._prepare(outgoing))
+        return encoded if encoded is not None else orjson.dumps(outgoing)
+
+    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+        return self.encode({**outgoing, "messages": [*outgoing["messages"], *extra]})
+
+    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        return await self.upstream.send(
+            "POST", "chat/completions", headers=headers, content=content
+        )
+
+    async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
+        return await restore.complete(body, restorer, resend)
+
+    def stream(
+        self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
+    ) -> AsyncIterator[bytes]:
+        return restore.stream(first, events, restorer, resend)
+
+    def usage(self, body: bytes) -> dict[str, Any] | None:
+        return _usage(body)
+
+    def answer_id(self, body: bytes) -> str | None:
+        return _answer_id(body)
+
+    def usage_tracker(self) -> _ChunkUsage:
+        return _ChunkUsage()
+
+    def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
+        data = event_data(event)
+        if not data.startswith(b'{"error"'):
+            return None
+        try:
+            error = orjson.loads(data)["error"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        return _error_status(error), data
+
+
+class MessagesWire:
+    """The Anthropic Messages API on the wire, for one inbound Messages request: the
+    pipeline's chat request goes back to Messages form with the request's own
+    Anthropic-only fields (``native``) as they came."""
+
+    __slots__ = ("_default_max_tokens", "_native", "upstream")
+
+    def __init__(
+        self, upstream: AnthropicUpstream, native: Mapping[str, Any], default_max_tokens: int
+    ) -> None:
+        self.upstream = upstream
+        self._native = native
+        self._default_max_tokens = default_max_tokens
+
+    def request(self, outgoing: Mapping[str, Any]) -> dict[str, Any]:
+        """The Messages request for the pipeline's ``outgoing`` chat request."""
+        return to_request(outgoing, self._native, default_max_tokens=self._default_max_tokens)
+
+    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
+        return orjson.dumps(self.request(outgoing))
+
+    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+        request = self.request(outgoing)
+        return orjson.dumps({**request, "messages": [*request["messages"], *extra]})
+
+    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        return await self.upstream.send_messages(content, headers)
+
+    async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
+        return await restore_messages.complete(body, restorer, resend)
+
+    def stream(
+        self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
+    ) -> AsyncIterator[bytes]:
+        return restore_messages.stream(first, events, restorer, resend)
+
+    def usage(self, body: bytes) -> dict[str, Any] | None:
+        usage = _usage(body)
+        return _with_writes(usage) if usage is not None else None
+
+    def answer_id(self, body: bytes) -> str | None:
+        return _answer_id(body)
+
+    def usage_tracker(self) -> _EventUsage:
+        return _EventUsage()
+
+    def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
+        data = event_data(event)
+        if b'"error"' not in data[:40]:
+            return None
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(answer, dict) or answer.get("type") != "error":
+            return None
+        return _error_status(answer.get("error")), data
+
+
+def _error_status(error: Any) -> int:
+    """The status an error object of a stream's first event stands for (by its Anthropic
+    error type; 502 when it names none the gateway knows)."""
+    kind = error.get("type") if isinstance(error, dict) else None
+    return error_status(str(kind)) or 502
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` of a JSON answer (a chat completion, a Messages answer), if it has
+    one."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _answer_id(body: bytes) -> str | None:
+    """The ``id`` of a JSON answer (a chat completion or chunk, a Messages answer)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    found = data.get("id") if isinstance(data, dict) else None
+    return found if isinstance(found, str) else None
+
+
+class _ChunkUsage:
+    """A chat stream's usage: its usage chunk (some providers repeat a running total in
+    every chunk: the last one counts); and its id, the first event's."""
+
+    __slots__ = ("answer_id", "usage")
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] | None = None
+        self.answer_id: str | None = None
+
+    def add(self, event: bytes) -> None:
+        if self.answer_id is None:
+            self.answer_id = _answer_id(event_data(event)) or ""
+        if b'"usage"' not in event:
+            return
+        data = event_data(event)
+        if data.startswith(b"{"):
+            self.usage = _usage(data) or self.usage
+
+
+class _EventUsage:
+    """A Messages stream's usage: ``message_start`` gives the input side (and the id),
+    each ``message_delta`` updates it; kept in Anthropic form, read in OpenAI form."""
+
+    __slots__ = ("_usage", "answer_id")
+
+    def __init__(self) -> None:
+        self._usage: dict[str, Any] = {}
+        self.answer_id: str | None = None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return _with_writes(self._usage) if self._usage else None
+
+    def add(self, event: bytes) -> None:
+        if b'"usage"' not in event:
+            return
+        try:
+            data = orjson.loads(event_data(event))
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(data, dict):
+            return
+        if data.get("type") == "message_start":
+            message = data.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            found = message.get("id") if isinstance(message, dict) else None
+            self.answer_id = found if isinstance(found, str) else ""
+        else:
+            usage = data.get("usage")
+        if isinstance(usage, dict):
+            self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+
+def _with_writes(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI-form usage of Anthropic ``usage``, with its cache writes kept as
+    ``cache_creation_input_tokens`` (LiteLLM's name) for the token metrics: the OpenAI form
+    folds them into ``prompt_tokens``."""
+    converted = usage_of(usage)
+    written = usage.get("cache_creation_input_tokens")
+    converted["cache_creation_input_tokens"] = written if isinstance(written, int) else 0
+    return converted

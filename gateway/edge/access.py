@@ -1,0 +1,218 @@
+"""The request middleware: per request, its metrics and one JSON access-log line.
+
+``AccessLog`` wraps the whole application (``create_app``; a tracing middleware may wrap
+it in turn). Before the app runs it gives the request its id, which the routes send back
+as ``x-contextgate-request-id``; it watches the response go out (its status, and the start
+of an error body); and when the app returns, which is after the last byte of a streamed
+body, it records the request's metrics (``gateway.telemetry.metrics``) and writes one line to the
+``contextgate.access`` logger (fields in ``docs/OBSERVABILITY.md``).
+
+What only the handlers know, they leave in the request's state (``scope["state"]``, which
+is Litestar's ``request.state``):
+
+=============  ===================  ====================================================
+key            set by               what
+=============  ===================  ====================================================
+request_id     here                 the request's id
+caller         gateway.admission    the caller (``gateway.tenancy.auth.Caller``): its tenant
+body           gateway.compaction   the chat request as parsed (model, stream, messages)
+body           gateway.passthrough  a relayed JSON body's model and stream
+report         gateway.exchange     the pipeline's report of the request as sent upstream
+attempts       gateway.exchange     upstream attempts (context-overflow retries included)
+usage          gateway.exchange     the upstream's usage, once it answered with success
+cache_break    gateway.exchange     the cache break judged with that usage, if any
+=============  ===================  ====================================================
+
+The store counts its own failures in the request's ``REQUEST_FAILURES``. The middleware
+keeps nothing per request on itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext
+
+from gateway.http.headers import summary_header, summary_path
+from gateway.runtime import new_request_id
+from gateway.store.redis import REQUEST_FAILURES
+from gateway.telemetry.metrics import TOKEN_KINDS, ModelLabels, usage_counts
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+__all__ = ["AccessLog"]
+
+log = logging.getLogger("contextgate.access")
+
+PROBES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Routes an orchestrator or a scraper calls every few seconds: logged at DEBUG, and never
+counted as store fail-opens (``/readyz`` pings the store)."""
+UNMATCHED: Final = "unmatched"
+"""The route of a request no route matched (404, 405)."""
+_ERROR_BODY: Final = 4_096
+"""Bytes of an error body read for its ``type`` and ``code``."""
+_FIELD_CHARS: Final = 200
+
+
+class AccessLog:
+    """ASGI middleware recording each HTTP request's metrics and access-log line."""
+
+    __slots__ = ("_log_prompts", "_metrics", "_models", "_tenanted", "app")
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self._metrics = gateway.metrics
+        self._models = ModelLabels(gateway.pipeline.catalog)
+        self._tenanted = bool(gateway.tenants)
+        self._log_prompts = gateway.settings.log_prompts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.app(scope, receive, send)
+            return
+        started = perf_counter()
+        state = scope["state"]
+        state["request_id"] = new_request_id()
+        response = _Response(send, trace.get_current_span().get_span_context())
+        failures = [0]
+        token = REQUEST_FAILURES.set(failures)
+        self._metrics.in_flight.inc()
+        escaped: BaseException | None = None
+        try:
+            await self.app(scope, receive, response.send)
+        except BaseException as exc:
+            escaped = exc
+            raise
+        finally:
+            REQUEST_FAILURES.reset(token)
+            self._metrics.in_flight.dec()
+            try:
+                self._done(scope, response, perf_counter() - started, failures[0], escaped)
+            except Exception:  # the answer has gone out: a bug here must not touch it
+                log.exception("recording the request failed")
+
+    def _done(
+        self,
+        scope: Scope,
+        response: _Response,
+        seconds: float,
+        store_failures: int,
+        escaped: BaseException | None,
+    ) -> None:
+        state = scope["state"]
+        status = response.status or 500  # uvicorn answers 500 when the app sent nothing
+        route = scope.get("path_template") or UNMATCHED
+        caller = state.get("caller")
+        if not self._tenanted:
+            tenant = "passthrough"
+        elif caller is None:  # refused before the caller was known
+            tenant = ""
+        else:
+            tenant = caller.tenant
+        body = state.get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+        label = self._models(model, answered="usage" in state)
+        report, usage = state.get("report"), state.get("usage")
+        error = _error_of(response.error_body) if response.error_body is not None else None
+        probe = route in PROBES
+
+        metrics = self._metrics
+        metrics.request(route, tenant, label, status, seconds)
+        if report is not None:
+            metrics.pipeline(report, summary_path(report))
+            metrics.tokens(tenant, label, report, usage)
+        if store_failures and not probe and (error is None or error[1] != "store_unavailable"):
+            metrics.store_fail_open.inc()
+
+        level = logging.DEBUG if probe else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        line: dict[str, Any] = {"request_id": state.get("request_id")}
+        span = response.span
+        if span.is_valid:
+            line["trace_id"] = f"{span.trace_id:032x}"
+            line["span_id"] = f"{span.span_id:016x}"
+        line["method"] = scope.get("method")
+        line["path"] = scope["path"][:_FIELD_CHARS]
+        line["route"] = route
+        line["status"] = status
+        line["duration_ms"] = round(seconds * 1000, 3)
+        line["tenant"] = tenant or None
+        if isinstance(model, str):
+            line["model"] = model[:_FIELD_CHARS]
+        if isinstance(body, dict):
+            line["stream"] = body.get("stream") is True
+        if report is not None:
+            line["tokens_before"] = report.tokens_before
+            line["tokens_after"] = report.tokens_after
+            line["attempts"] = state.get("attempts")
+            summary = summary_header(report)
+            if summary:
+                line["summary"] = summary
+        if usage:
+            line["upstream_tokens"] = dict(zip(TOKEN_KINDS, usage_counts(usage), strict=True))
+        if state.get("cache_break") is not None:
+            line["cache_break"] = state["cache_break"]
+        if store_failures:
+            line["store_failures"] = store_failures
+        if error is not None:
+            line["error_type"], line["error_code"] = error
+        if escaped is not None:
+            line["error_type"] = type(escaped).__name__
+        if state.get("drained"):
+            line["drained"] = True  # ended by the shutdown deadline (gateway.drain)
+        if self._log_prompts and isinstance(body, dict):
+            line["messages"] = body.get("messages")
+        log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})
+
+
+class _Response:
+    """What the middleware sees of one response on its way out."""
+
+    __slots__ = ("_send", "error_body", "span", "status")
+
+    def __init__(self, send: Send, span: SpanContext) -> None:
+        self._send = send
+        self.span = span
+        self.status = 0
+        self.error_body: bytearray | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            if self.status >= 400:
+                self.error_body = bytearray()
+            if not self.span.is_valid:
+                # A server span opened inside this middleware is current by now.
+                self.span = trace.get_current_span().get_span_context()
+        elif (
+            message["type"] == "http.response.body"
+            and self.error_body is not None
+            and len(self.error_body) < _ERROR_BODY
+        ):
+            self.error_body += message.get("body", b"")[:_ERROR_BODY]
+        await self._send(message)
+
+
+def _error_of(body: bytes | bytearray) -> tuple[str | None, str | None] | None:
+    """The ``type`` and ``code`` of an error body in the OpenAI or the Anthropic envelope
+    (``{"error": {"type", "code"}}``, ``{"type": "error", "error": {"type"}}``)."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return None
+    return _short(error.get("type")), _short(error.get("code"))
+
+
+def _short(value: object) -> str | None:
+    return value if isinstance(value, str) and len(value) <= 64 else None

@@ -1,0 +1,212 @@
+"""Graceful shutdown: on SIGTERM, stop taking requests, let those in flight finish within
+``shutdown_grace``, then end what is left with an error the client can read.
+
+The sequence, driven by ``DrainingServer`` (uvicorn's server with the drain started first):
+
+1. the listening sockets close, idle keep-alive connections close, and connections with a
+   request in flight will close after its response; ``/readyz`` answers 503 ``draining``;
+2. requests and streams in flight go on for up to ``shutdown_grace`` seconds;
+3. at the deadline, each one still running is cancelled (its upstream response closed) and
+   ended by ``Drain``: a request not yet answered gets a 503 ``gateway_shutting_down`` in its
+   route's envelope (the SDKs retry a 503, on another replica behind the Service); a stream
+   gets one terminal error event after its last whole event (OpenAI's ``data: {"error"}`` or
+   Anthropic's ``event: error``); any other response already begun is cut;
+4. uvicorn's own limit, a few seconds later, is only a backstop; then the application's
+   shutdown hooks flush the spans and close the pools, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+import anyio
+import uvicorn
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.edge.accept import EagerAccept
+from gateway.edge.overload import Shedder
+from gateway.errors import ShuttingDown
+from gateway.http.responses import (
+    ANTHROPIC_ROUTES,
+    anthropic_error_event,
+    openai_error_event,
+    send_error,
+)
+
+__all__ = ["Drain", "Draining", "DrainingServer"]
+
+log = logging.getLogger("contextgate.drain")
+
+_BACKSTOP: Final = 5.0
+"""Seconds uvicorn waits past the grace period before cancelling what is left itself."""
+
+
+class Draining:
+    """The process's shutdown state: the server starts it, every request runs under it."""
+
+    __slots__ = ("_scopes", "_timer", "expired", "started")
+
+    def __init__(self) -> None:
+        self._scopes: set[anyio.CancelScope] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self.started = False
+        """SIGTERM came: the gateway takes no new connections and is not ready."""
+        self.expired = False
+        """The grace period is over: what still runs is being ended."""
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._scopes)
+
+    def begin(self, grace: float) -> None:
+        """Start draining; what still runs after ``grace`` seconds is ended."""
+        if self.started:
+            return
+        self.started = True
+        log.info(
+            "draining: %d request(s) in flight, %.1f s to finish",
+            self.in_flight,
+            grace,
+            extra={"fields": {"in_flight": self.in_flight, "grace_seconds": grace}},
+        )
+        self._timer = asyncio.get_running_loop().call_later(grace, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._scopes:
+            log.warning(
+                "shutdown grace over: ending %d request(s) still in flight",
+                self.in_flight,
+                extra={"fields": {"in_flight": self.in_flight}},
+            )
+        for scope in self._scopes:
+            scope.cancel()
+
+    @contextmanager
+    def request(self) -> Iterator[anyio.CancelScope]:
+        """A scope for one request, cancelled when the grace period ends."""
+        with anyio.CancelScope() as scope:
+            if self.expired:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+
+class Drain:
+    """ASGI middleware running each HTTP request under the drain, and ending the ones
+    the grace period cut short with an error in their route's format."""
+
+    __slots__ = ("app", "draining")
+
+    def __init__(self, app: ASGIApp, draining: Draining) -> None:
+        self.app = app
+        self.draining = draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.app(scope, receive, send)
+            return
+        response = _Progress(send)
+        with self.draining.request() as cancel:
+            await self.app(scope, receive, response.send)
+        if not cancel.cancelled_caught or response.finished:
+            return
+        scope["state"]["drained"] = True
+        error = ShuttingDown(
+            "The gateway is shutting down and could not finish this request in time;"
+            " send it again.",
+            headers={"retry-after": "1"},
+        )
+        if not response.started:
+            await send_error(scope, send, error)
+        elif response.event_stream:
+            anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
+            event = anthropic_error_event(error) if anthropic else openai_error_event(error)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        # Any other response already begun is cut: the server closes its connection.
+
+
+class _Progress:
+    """How far a response has gone out."""
+
+    __slots__ = ("_send", "event_stream", "finished", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = self.finished = self.event_stream = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.event_stream = any(
+                name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                for name, value in message.get("headers", ())
+            )
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.finished = True
+        await self._send(message)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM (or SIGINT) starts the gateway's drain before
+    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        draining: Draining,
+        grace: float,
+        shedder: Shedder | None = None,
+    ) -> None:
+        config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
+        super().__init__(config)
+        self._draining = draining
+        self._grace = grace
+        self._shedder = shedder
+        self._accept: EagerAccept | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up; then every waiting connection is taken in at once
+        (``gateway.edge.accept``) and the shedder reports the accept queue
+        (``gateway.edge.overload``)."""
+        await super().startup(sockets)
+        listening = [sock for server in self.servers for sock in server.sockets]
+        config = self.config
+
+        def protocol(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            # What uvicorn's own start-up builds for the connections its servers accept.
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+
+        self._accept = EagerAccept(listening, protocol, config.ssl)
+        if self._shedder is not None:
+            self._shedder.listen_on(listening)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._draining.begin(self._grace)
+        if self._accept is not None:
+            self._accept.close()
+        await super().shutdown(sockets)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn raises the signal again once it has shut down, so the process dies of
+        it; a signal answered by a complete graceful shutdown ends the process with 0."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()

@@ -1,0 +1,238 @@
+"""Relaying an upstream response to the client: buffered, or streamed event by event.
+
+A stream is relayed only once the upstream has answered 2xx with ``text/event-stream``
+*and* sent its first whole event; any other answer is read whole and relayed with its own
+status, headers and body, and a stream that fails before its first event is answered with
+the gateway's 502/504. So an upstream failure before the first byte never reaches the
+client as a 200. Once streaming, a failure ends the stream with one terminal error event
+(and no ``[DONE]``). When the client goes away, the upstream response is closed at once.
+
+While a stream is relayed, a comment line (``: keep-alive``) goes to the client whenever
+nothing else has for ``stream_keepalive`` seconds, so that a proxy or load balancer with an
+idle timeout does not cut a stream whose upstream is thinking. SSE decoders ignore comments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from time import monotonic
+from typing import Any
+
+import anyio
+import httpx
+from litestar import Response
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
+from litestar.types import Message, Receive, Scope, Send
+
+from gateway.codecs.anthropic_answers import error_body
+from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
+from gateway.http.sse import KEEPALIVE, close, error_event
+from gateway.providers.openai import relayable_response_headers
+
+__all__ = [
+    "RelayStream",
+    "anthropic_error_event",
+    "buffered_response",
+    "error_response",
+    "first_event",
+    "is_event_stream",
+    "openai_error_event",
+    "send_error",
+    "streamed_response",
+]
+
+log = logging.getLogger("contextgate.relay")
+
+
+class RelayStream(ASGIStreamingResponse):
+    """A streaming response that always closes its iterator and the upstream events
+    under it, even when the client left before the first byte or while the iterator was
+    suspended between events (a generator that never started runs no ``finally``); and
+    that keeps an idle stream alive with comments every ``keepalive`` seconds (0: never)."""
+
+    __slots__ = ("keepalive", "upstream")
+
+    def __init__(
+        self,
+        *,
+        iterator: AsyncIterator[bytes],
+        upstream: AsyncIterator[bytes],
+        keepalive: float,
+        status_code: int,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        super().__init__(iterator=iterator, status_code=status_code, headers=headers)  # type: ignore[arg-type]
+        self.upstream = upstream
+        self.keepalive = keepalive
+
+    async def send_body(self, send: Send, receive: Receive) -> None:
+        try:
+            if self.keepalive > 0:
+                await self._send_kept_alive(send, receive)
+            else:
+                await super().send_body(send, receive)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for iterator in (self.iterator, self.upstream):
+                    await close(iterator)
+
+    async def _send_kept_alive(self, send: Send, receive: Receive) -> None:
+        # The body only: the 200 and its headers went out after the first event came.
+        kept = _KeptAlive(send, self.keepalive)
+        async with anyio.create_task_group() as group:
+            group.start_soon(kept.run)
+            try:
+                await super().send_body(kept.send, receive)
+            finally:
+                group.cancel_scope.cancel()
+
+
+class _KeptAlive:
+    """A stream's ``send`` with one timer beside it, which sends ``KEEPALIVE`` when
+    nothing has gone out for ``every`` seconds. Both hold one lock while they send, so a
+    comment only ever goes between whole events, and never after the body's end. An event
+    costs an uncontended lock and a clock read; the timer wakes once per ``every``."""
+
+    __slots__ = ("_ended", "_every", "_last", "_lock", "_send")
+
+    def __init__(self, send: Send, every: float) -> None:
+        self._send = send
+        self._every = every
+        self._lock = asyncio.Lock()
+        self._last = monotonic()
+        self._ended = False
+
+    async def send(self, message: Message) -> None:
+        async with self._lock:
+            await self._send(message)
+            self._last = monotonic()
+            if not message.get("more_body", False):
+                self._ended = True
+
+    async def run(self) -> None:
+        while True:
+            # Never negative: the clock moves on between the check below and this line.
+            await anyio.sleep(max(0.0, self._last + self._every - monotonic()))
+            async with self._lock:
+                if self._ended:
+                    return
+                if monotonic() - self._last >= self._every:
+                    await self._send(
+                        {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
+                    )
+                    self._last = monotonic()
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    content_type = response.headers.get("content-type", "")
+    return response.is_success and content_type.startswith("text/event-stream")
+
+
+async def first_event(events: AsyncIterator[bytes]) -> bytes:
+    """The stream's first event; a stream that ends before sending one is a 502."""
+    async for event in events:
+        return event
+    raise UpstreamStreamBroken(
+        "The upstream ended the stream without sending anything.", code="upstream_empty_stream"
+    )
+
+
+ErrorEvent = Callable[[GatewayError], bytes]
+
+
+def openai_error_event(error: GatewayError) -> bytes:
+    """The terminal event of an OpenAI stream that failed (the SDK raises on it)."""
+    return error_event(error.message, type=error.type, code=error.code)
+
+
+def anthropic_error_event(error: GatewayError) -> bytes:
+    """The terminal event of a Messages stream that failed (the SDK raises on it)."""
+    return b"event: error\ndata: " + error_body(error.status, error.message) + b"\n\n"
+
+
+async def _relay(
+    first: bytes, events: AsyncIterator[bytes], request_id: str, error: ErrorEvent
+) -> AsyncIterator[bytes]:
+    try:
+        if first:
+            yield first
+        async for event in events:
+            yield event
+    except GatewayError as exc:
+        log.warning("upstream stream failed: %s", exc.code, extra={"request_id": request_id})
+        yield error(exc)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await close(events)
+
+
+def buffered_response(
+    response: httpx.Response, body: bytes, headers: dict[str, str], status: int | None = None
+) -> ASGIResponse:
+    """An upstream response, already read, relayed with its status (or ``status``) and
+    headers; a body that replaces a stream is JSON."""
+    relayed: list[tuple[str, str]] = [
+        (name, value)
+        for name, value in relayable_response_headers(response.headers)
+        if status is None or name.lower() != "content-type"
+    ]
+    if status is not None:
+        relayed.append(("content-type", "application/json"))
+    relayed.extend(headers.items())
+    return ASGIResponse(body=body, status_code=status or response.status_code, headers=relayed)
+
+
+def streamed_response(
+    response: httpx.Response,
+    first: bytes,
+    events: AsyncIterator[bytes],
+    headers: dict[str, str],
+    request_id: str,
+    error: ErrorEvent = openai_error_event,
+    *,
+    keepalive: float,
+) -> ASGIResponse:
+    """The upstream's stream relayed: ``first``, then the rest of ``events``; a failure on
+    the way ends it with ``error``'s terminal event; a comment every ``keepalive`` seconds
+    of silence (0: none)."""
+    relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
+    relayed.extend(headers.items())
+    relayed.append(("x-accel-buffering", "no"))
+    return RelayStream(
+        iterator=_relay(first, events, request_id, error),
+        upstream=events,
+        keepalive=keepalive,
+        status_code=response.status_code,
+        headers=relayed,
+    )
+
+
+def error_response(error: GatewayError, headers: dict[str, Any] | None = None) -> Response[bytes]:
+    """A gateway error in the OpenAI envelope."""
+    return Response(
+        content=envelope_of(error),
+        status_code=error.status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+ANTHROPIC_ROUTES = "/v1/messages"
+"""Routes of the Anthropic API: their errors use Anthropic's envelope."""
+
+
+async def send_error(scope: Scope, send: Send, error: GatewayError) -> None:
+    """Answer ``error`` straight on the ASGI ``send``, in the envelope of the request's
+    route, for the middlewares that answer before (or after) Litestar's handlers."""
+    anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
+    body = error_body(error.status, error.message) if anthropic else envelope_of(error)
+    headers = [(b"content-type", b"application/json")]
+    headers += [(name.encode(), value.encode()) for name, value in (error.headers or {}).items()]
+    request_id = scope.get("state", {}).get("request_id")
+    if request_id:
+        headers.append((b"x-contextgate-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

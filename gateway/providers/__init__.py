@@ -1,0 +1,2 @@
+"""The upstreams a request is sent to: any OpenAI-compatible server over httpx, and
+Anthropic through its SDK."""

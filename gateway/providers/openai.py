@@ -1,0 +1,371 @@
+"""The OpenAI-compatible upstream over httpx: one pooled client, explicit timeouts and limits.
+
+``Upstream.send`` returns the response as soon as its headers arrive (the body is still on
+the wire), so streams relay as they come. Transport failures are mapped here, once: a
+timeout is ``UpstreamTimeout`` (504); anything else that stops the exchange is
+``UpstreamUnreachable`` (502), or ``UpstreamStreamBroken`` once a stream has begun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, Final, Protocol
+
+import anyio
+import httpx
+import orjson
+
+from gateway.config.settings import UpstreamSettings
+from gateway.errors import (
+    UpstreamInvalidAnswer,
+    UpstreamStreamBroken,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from gateway.http.sse import sse_events
+from gateway.telemetry.tracing import traced_transport
+
+__all__ = [
+    "HOP_BY_HOP",
+    "OVERFLOW_PHRASES",
+    "ChatUpstream",
+    "ResponseReading",
+    "Upstream",
+    "is_context_overflow",
+    "json_answer",
+    "redacted",
+    "relayable_response_headers",
+    "upstream_request_headers",
+]
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED: Final = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "accept-encoding",
+    "cookie",
+    "expect",
+}
+_NOT_RELAYED: Final = HOP_BY_HOP | {
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+    "set-cookie",
+}
+
+
+def redacted(body: bytes, key: str | None) -> bytes:
+    """``body`` with every occurrence of ``key`` replaced by ``[redacted]``."""
+    if key and len(key) >= 8 and key.encode() in body:
+        return body.replace(key.encode(), b"[redacted]")
+    return body
+
+
+def _sent_key(response: httpx.Response) -> str | None:
+    try:
+        headers = response.request.headers
+    except RuntimeError:  # a response the gateway made itself (providers redact their own)
+        return None
+    value = headers.get("authorization") or headers.get("x-api-key") or ""
+    return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
+
+
+def upstream_request_headers(
+    client_headers: Iterable[tuple[str, str]], api_key: str | None
+) -> dict[str, str]:
+    """The client's headers minus hop-by-hop and gateway ones; the configured key, if any,
+    replaces the caller's ``Authorization``. Without one, a caller presenting its key only
+    as ``x-api-key`` (Anthropic's SDK) has it sent as ``Authorization: Bearer``, the header
+    OpenAI-compatible upstreams read (and ``gateway.providers.anthropic`` reads either)."""
+    headers: dict[str, str] = {}
+    for name, value in client_headers:
+        lower = name.lower()
+        if lower in _NOT_FORWARDED or lower.startswith("x-contextgate-"):
+            continue
+        headers[lower] = value
+    if api_key is None and "authorization" not in headers:
+        api_key = headers.get("x-api-key") or None
+    if api_key is not None:
+        headers["authorization"] = f"Bearer {api_key}"
+        headers.pop("x-api-key", None)
+    return headers
+
+
+def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """The upstream's response headers that make sense to relay to the client."""
+    return [
+        (name, value)
+        for name, value in headers.multi_items()
+        if name.lower() not in _NOT_RELAYED and not name.lower().startswith("x-contextgate-")
+    ]
+
+
+class ChatUpstream(Protocol):
+    """What the chat route sends a chat request to: an OpenAI-compatible upstream, or a
+    provider translating to its own API (``gateway.providers.anthropic``)."""
+
+    settings: UpstreamSettings
+
+    @property
+    def provider(self) -> str:
+        """Who answers, for metrics and spans: ``openai`` (any OpenAI-compatible server)
+        or ``anthropic``."""
+        ...
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response: ...
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes: ...
+
+    def events(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
+
+
+class ResponseReading:
+    """How an upstream's responses are read: shared by every ``ChatUpstream``."""
+
+    __slots__ = ()
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes:
+        """Read the rest of ``response``'s body (at most ``limit`` bytes), then close it.
+        An error body never carries the key the request was sent with: providers echo
+        it, and with tenants that key is the gateway's, not the caller's."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with _mapped(
+                "stopped sending its response", "broke off its response", UpstreamUnreachable
+            ):
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size >= limit:
+                        break
+        finally:
+            await response.aclose()
+        body = b"".join(chunks)
+        if not response.is_success:
+            body = redacted(body, _sent_key(response))
+        return body if limit is None else body[:limit]
+
+    async def events(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The server-sent events of ``response``, each whole; the response is closed when
+        the iteration ends, however it ends."""
+        try:
+            with _mapped(
+                "stopped sending in the middle of the stream",
+                "broke the stream off",
+                UpstreamStreamBroken,
+            ):
+                async for event in sse_events(response.aiter_bytes()):
+                    yield event
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+class Upstream(ResponseReading):
+    """Pooled HTTP connections to one OpenAI-compatible base URL.
+
+    Connections are spread over ``pool_shards`` independent httpx transports, taken in
+    turn: httpcore's pool rescans every connection it holds (quadratically, with a syscall
+    per idle one) each time a request starts or ends, so one pool serving a hundred
+    concurrent streams spends more time on bookkeeping than on relaying. Small pools keep
+    that cheap.
+
+    Requests go to the transport directly rather than through an ``httpx.AsyncClient``: the
+    client's URL merging, auth and redirect hooks and cookie jar are all unused here, and
+    skipping them takes about 0.3 ms off a small request (docs/DECISIONS.md, "Web stack").
+    """
+
+    __slots__ = ("_base", "_timeout", "_transports", "_turn", "_urls", "settings")
+
+    provider: Final = "openai"
+
+    def __init__(
+        self, settings: UpstreamSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.settings = settings
+        shards = 1 if transport is not None else settings.pool_shards
+        limits = httpx.Limits(
+            max_connections=_per_shard(settings.max_connections, shards),
+            max_keepalive_connections=_per_shard(settings.max_keepalive_connections, shards),
+            keepalive_expiry=settings.keepalive_expiry,
+        )
+        timeout = httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.write_timeout,
+            pool=settings.pool_timeout,
+        )
+        tls = httpx.create_ssl_context()  # built once: loading the CA bundle is slow
+        self._transports = tuple(
+            traced_transport(
+                transport or httpx.AsyncHTTPTransport(verify=tls, limits=limits, retries=0)
+            )
+            for _ in range(shards)
+        )
+        self._turn = itertools.cycle(self._transports)
+        base = httpx.URL(settings.base_url)
+        # A base path ends with a slash, so that joining a relative path keeps it.
+        self._base = base.copy_with(raw_path=base.raw_path.rstrip(b"/") + b"/")
+        self._timeout = timeout.as_dict()
+        self._urls: dict[str, httpx.URL] = {}
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send a request; the returned response's body is still to be read (or closed)."""
+        url = self._urls.get(path)
+        if url is None:
+            # As httpx.AsyncClient merges a relative URL: appended to the base path, never
+            # resolved against it (which could drop the base path's last segment).
+            url = self._base.copy_with(raw_path=self._base.raw_path + path.lstrip("/").encode())
+            if len(self._urls) < _KEPT_URLS:  # building one parses it again: ~20 us
+                self._urls[path] = url
+        if params is not None:
+            url = url.copy_merge_params(params)
+        return await self._send(
+            httpx.Request(
+                method,
+                url,
+                headers=_as_sent(headers),
+                content=content,
+                extensions={"timeout": self._timeout},
+            )
+        )
+
+    async def open(
+        self,
+        method: str,
+        target: bytes,
+        *,
+        headers: Mapping[str, str],
+        content: bytes | AsyncIterable[bytes] | None,
+    ) -> httpx.Response:
+        """Send a request whose request-target is ``target``, byte for byte (httpx would
+        re-encode a path or query it parses), to the base URL's scheme, host and port;
+        the returned response's body is still to be read (or closed)."""
+        extensions = {"timeout": self._timeout, "target": target}
+        return await self._send(
+            httpx.Request(
+                method,
+                self._base,
+                headers=_as_sent(headers),
+                content=content,
+                extensions=extensions,
+            )
+        )
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        with _mapped("did not answer in time", "could not be reached", UpstreamUnreachable):
+            response = await next(self._turn).handle_async_request(request)
+        response.request = request
+        return response
+
+    async def aclose(self) -> None:
+        for transport in self._transports:
+            await transport.aclose()
+
+
+_KEPT_URLS: Final = 32
+"""Upstream URLs kept built, by path: the gateway sends to a handful of paths."""
+
+
+@contextlib.contextmanager
+def _mapped(
+    timed_out: str, broke: str, broken: type[UpstreamUnreachable | UpstreamStreamBroken]
+) -> Iterator[None]:
+    """httpx's errors as the gateway's: a timeout is 504, any other failure ``broken``."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(f"The upstream {timed_out} ({type(exc).__name__}).") from exc
+    except httpx.HTTPError as exc:
+        raise broken(f"The upstream {broke} ({type(exc).__name__}).") from exc
+
+
+def _per_shard(total: int | None, shards: int) -> int | None:
+    return None if total is None else max(1, -(-total // shards))
+
+
+OVERFLOW_PHRASES: Final = (
+    "maximum context length",
+    "context_length_exceeded",
+    "context window",
+    "reduce the length of the messages",
+    "too many tokens",
+    "prompt is too long",
+    "exceed context limit",
+)
+
+
+def json_answer(body: bytes, what: str, *, listing: str | None = None) -> dict[str, Any]:
+    """The JSON object in a success ``body`` that the gateway has to read (translate it,
+    answer restore calls in it), with a list under ``listing`` when one is named; else
+    ``UpstreamInvalidAnswer`` saying it is not ``what`` it should be."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict) or (
+        listing is not None and not isinstance(answer.get(listing), list)
+    ):
+        raise UpstreamInvalidAnswer(
+            f"The upstream answered with success, and a body that is not {what}:"
+            f" {body[:200].decode('utf-8', 'replace')}"
+        )
+    return answer
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    """Whether an upstream error says the prompt did not fit the model's window."""
+    if status not in (400, 413, 422):
+        return False
+    text = body[:4096].decode("utf-8", "replace").lower()
+    return any(phrase in text for phrase in OVERFLOW_PHRASES)
+
+
+_DEFAULT_HEADERS: Final = {
+    "accept": b"*/*",
+    "accept-encoding": b"gzip, deflate",
+    "user-agent": f"python-httpx/{httpx.__version__}".encode(),
+}
+"""What an ``httpx.AsyncClient`` adds where the request does not say otherwise."""
+
+
+def _as_sent(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """The request's headers, then the defaults it does not override. Values go out as the
+    bytes they came in as (ASGI hands them over decoded as latin-1), so a non-ASCII value
+    passes through instead of failing to encode."""
+    sent = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    named = {k.lower() for k in headers}
+    sent.extend((k.encode(), v) for k, v in _DEFAULT_HEADERS.items() if k not in named)
+    return sent

@@ -1,0 +1,149 @@
+"""What the gateway holds for its lifetime: settings, the pipeline, the upstream client."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+
+from gateway.config.settings import Settings
+from gateway.edge.drain import Draining
+from gateway.edge.overload import Shedder
+from gateway.errors import InvalidRequest
+from gateway.providers.anthropic import AnthropicUpstream
+from gateway.providers.openai import ChatUpstream, Upstream
+from gateway.store import Stores
+from gateway.store.redis import CircuitBreaker
+from gateway.summaries.service import SummaryService
+from gateway.telemetry.metrics import Metrics
+from gateway.tenancy.limits import Limiter
+from gateway.tenancy.tenants import Tenants
+from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
+
+if TYPE_CHECKING:
+    from gateway.tenancy.auth import Caller
+
+__all__ = ["Gateway", "new_request_id"]
+
+
+def new_request_id() -> str:
+    return "cg-" + secrets.token_hex(12)
+
+
+@dataclass(slots=True)
+class Gateway:
+    """The long-lived parts of one gateway process."""
+
+    settings: Settings
+    pipeline: Pipeline
+    upstream: Upstream
+    default_policy: Policy
+    stores: Stores
+    tenants: Tenants
+    summaries: SummaryService
+    anthropic: AnthropicUpstream
+    limiter: Limiter
+    metrics: Metrics
+    shedder: Shedder
+    summary_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(3, 30.0))
+    """Summaries pause for 30 s after 3 failures in a row (then one probes)."""
+    structured_refused: set[str] = field(default_factory=set)
+    """Models whose provider refused structured output for summaries."""
+    draining: Draining = field(default_factory=Draining)
+    """Shutdown state: started on SIGTERM by ``gateway.edge.drain.DrainingServer``."""
+    _writes: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.metrics.watch(self.stores, self.summaries, self.shedder)
+
+    def upstream_for(self, model: str) -> ChatUpstream:
+        """Where requests for ``model`` go: the built-in Anthropic provider for Anthropic
+        model names (``claude-*``, no provider prefix: ``anthropic/claude-...`` is a
+        router's name and goes to the OpenAI-compatible upstream), unless it is disabled;
+        the OpenAI-compatible upstream else."""
+        if (
+            self.settings.anthropic.enabled
+            and model.startswith("claude")
+            and self.pipeline.catalog.lookup(model).family == "anthropic"
+        ):
+            return self.anthropic
+        return self.upstream
+
+    def upstream_key(self, caller: Caller, model: str) -> str | None:
+        """The key to send instead of the caller's for ``model`` (``None``: the caller's
+        own). The Anthropic provider gets the tenant's or the global Anthropic key, or in
+        passthrough mode the caller's own key; never the OpenAI upstream's key nor a
+        tenant's gateway key."""
+        if self.upstream_for(model) is not self.anthropic:
+            return caller.upstream_key
+        if caller.profile.anthropic_api_key:
+            return caller.profile.anthropic_api_key
+        if caller.tenant is not None:
+            raise InvalidRequest(
+                f"{model} is served by Anthropic, and this gateway has no Anthropic key"
+                " for this tenant (anthropic.api_key, or the tenant's anthropic_api_key)",
+                code="provider_not_configured",
+                param="model",
+            )
+        return None
+
+    def remember(self, namespace: str, conversation: str, state: ConversationState) -> None:
+        """Store a conversation's record in the background (the answer is not held up)."""
+        task = asyncio.get_running_loop().create_task(
+            self.stores.conversations.put(namespace, conversation, state)
+        )
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    @classmethod
+    def build(
+        cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> Gateway:
+        catalog = ModelCatalog().extended(settings.models)
+        stores = Stores.build(settings)
+        metrics = Metrics()
+        return cls(
+            settings=settings,
+            pipeline=Pipeline(catalog=catalog, store=stores.objects),
+            upstream=Upstream(settings.upstream, transport=transport),
+            default_policy=settings.default_policy(),
+            stores=stores,
+            tenants=Tenants(settings),
+            limiter=Limiter(stores.redis, metrics),
+            metrics=metrics,
+            shedder=Shedder(settings.max_in_flight, settings.max_queue_delay),
+            anthropic=AnthropicUpstream(
+                settings.anthropic,
+                settings.upstream,
+                max_tokens_for=lambda model: catalog.lookup(model).output_reserve,
+            ),
+            summaries=SummaryService(
+                stores.conversations,
+                stores.objects,
+                workers=settings.summary_workers,
+                queue_size=settings.summary_queue,
+            ),
+        )
+
+    def warm(self) -> None:
+        """Load the token encodings now rather than on the first request, then move
+        everything built at start-up out of the garbage collector's view, so collections
+        triggered by large request bodies do not rescan it."""
+        for encoding in ("o200k_base", "cl100k_base"):
+            self.pipeline.counter(encoding)
+        gc.collect()
+        gc.freeze()
+        self.shedder.start()
+
+    async def aclose(self) -> None:
+        self.shedder.stop()
+        await self.summaries.aclose()
+        if self._writes:
+            await asyncio.wait(self._writes, timeout=1.0)
+        await self.upstream.aclose()
+        await self.anthropic.aclose()
+        await self.stores.aclose()

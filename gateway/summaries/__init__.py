@@ -1,0 +1,1 @@
+"""Structured summaries: the background service and the summary model's client."""

@@ -1,0 +1,1 @@
+"""Who is calling: tenants, caller identification, and their rate and concurrency limits."""
