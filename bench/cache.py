@@ -36,8 +36,8 @@ import orjson
 from bench.compaction import requests_of
 from bench.prompt_cache import PrefixCache, cost
 from bench.report import publish
-from gateway.codecs.anthropic import to_messages
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.codecs.chat_anthropic import to_messages
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from pipelines import TokenCounter
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, Received, Reply

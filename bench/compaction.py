@@ -49,7 +49,7 @@ from bench.quality_headroom import Compressed, compress_sessions, headroom_versi
 from bench.report import machine, quantile, write_block
 from gateway.store import MemoryStore
 from pipelines import CompactResult, ConversationState, Pipeline, Policy, RequestRejected
-from pipelines.checkpoints import Summaries
+from pipelines.ports import Summaries
 from pipelines.tokens import REPLY_PRIMING, TokenCounter
 
 ROOT = Path(__file__).resolve().parent.parent

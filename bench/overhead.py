@@ -3,6 +3,12 @@ passthrough proxy (``bench/passthrough.py``) and through contextgate, interleave
 run, so the differences are the cost of the extra hop and of contextgate's own work.
 
     python -m bench.overhead [--requests 300] [--output docs/BENCHMARKS.md]
+    python -m bench.overhead --baseline DIR   # beside a checkout of another commit
+
+With ``--baseline``, a fourth target joins the rotation: the gateway served from the
+checkout in DIR (with DIR/.venv's interpreter when there is one), so that a change is
+measured against the code before it in one run, both servers up, their requests
+interleaved; the comparison goes to its own block of the output.
 
 The mock upstream, the passthrough and the gateway (``contextgate serve``, uvicorn with
 its default event loop and HTTP parser) each run in their own process on loopback; this
@@ -39,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "tau-bench-gpt-4o-airline.json"
 RESULTS_START = "<!-- overhead:start -->"
 RESULTS_END = "<!-- overhead:end -->"
+BASELINE_START = "<!-- overhead-baseline:start -->"
+BASELINE_END = "<!-- overhead-baseline:end -->"
 
 
 def free_port() -> int:
@@ -50,10 +58,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str], ready: Callable[[], bool]) -> Iterator[None]:
+def process(
+    args: list[str], env: dict[str, str], ready: Callable[[], bool], cwd: Path | None = None
+) -> Iterator[None]:
     # stderr to a file, not a pipe nobody reads: the gateway logs a line per request.
     with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=stderr, cwd=cwd)
         try:
             deadline = time.monotonic() + 30
             while not ready():
@@ -241,10 +251,52 @@ def write_results(
     return block
 
 
+def write_baseline(output: Path, rows: list[dict[str, Any]], n: int, baseline: Path) -> str:
+    """The comparison with the baseline checkout, as its own block of ``output``."""
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    head = subprocess.run(
+        ["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    ours = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    lines = [
+        BASELINE_START,
+        f"Measured {date} on {machine()}; `python -m bench.overhead --requests {n}"
+        f" --baseline <checkout of {head}>` from {ours} (with the working tree's changes):"
+        " both gateways up at once, every round sending the request to the mock, the bare"
+        " passthrough, this gateway and the baseline's, in rotating order; milliseconds,"
+        " medians of the round's requests; added = p50 less the direct p50.",
+        "",
+        "| scenario | direct p50 | baseline p50 | contextgate p50 | baseline added |"
+        " contextgate added | added, contextgate / baseline |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        base = row["baseline_p50"] - row["direct_p50"]
+        mine = row["gateway_p50"] - row["direct_p50"]
+        ratio = f"{mine / base:.2f}" if base > 0 else "-"
+        lines.append(
+            f"| {row['name']} | {row['direct_p50']:.2f} | {row['baseline_p50']:.2f} |"
+            f" {row['gateway_p50']:.2f} | {base:.2f} | {mine:.2f} | {ratio} |"
+        )
+    lines.append(BASELINE_END)
+    block = "\n".join(lines)
+    write_block(output, BASELINE_START, BASELINE_END, block)
+    return block
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
     args = parser.parse_args()
     n = args.requests
 
@@ -285,6 +337,7 @@ def main() -> None:
     ]
 
     mock_port, gateway_port, passthrough_port = free_port(), free_port(), free_port()
+    baseline_port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_URL", None)
     env.pop("CONTEXTGATE_CONFIG", None)
@@ -296,6 +349,8 @@ def main() -> None:
             ("gateway", gateway_port),
         )
     }
+    if args.baseline is not None:
+        targets["baseline"] = f"http://127.0.0.1:{baseline_port}/v1/chat/completions"
     upstream = f"http://127.0.0.1:{mock_port}/v1"
     passthrough_cmd = [
         sys.executable,
@@ -309,10 +364,21 @@ def main() -> None:
     mock_cmd = [sys.executable, "-m", "tests.mock_upstream", "--port", str(mock_port)]
     gateway_cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gateway_port)]
     gateway_env = {**env, "CONTEXTGATE_UPSTREAM_BASE_URL": upstream}
+    baseline = contextlib.nullcontext()
+    if args.baseline is not None:
+        # The checkout's own virtualenv when it has one (``make install`` there), so that
+        # nothing of this tree's can be imported in its place.
+        python = args.baseline / ".venv" / "bin" / "python"
+        executable = str(python) if python.exists() else sys.executable
+        baseline_cmd = [executable, *gateway_cmd[1:-1], str(baseline_port)]
+        baseline_env = {**gateway_env, "PYTHONPATH": str(args.baseline.resolve())}
+        ready = answers(f"http://127.0.0.1:{baseline_port}/healthz")
+        baseline = process(baseline_cmd, baseline_env, ready, cwd=args.baseline)
     with (
         process(mock_cmd, env, answers(f"http://127.0.0.1:{mock_port}/v1/models")),
         process(gateway_cmd, gateway_env, answers(f"http://127.0.0.1:{gateway_port}/healthz")),
         process(passthrough_cmd, env, answers(f"http://127.0.0.1:{passthrough_port}/")),
+        baseline,
         httpx.Client(timeout=60) as client,
     ):
         rows = []
@@ -323,8 +389,12 @@ def main() -> None:
                 f"{row['name']:52s} direct {row['direct_p50']:6.2f}  passthrough"
                 f" {row['passthrough_p50']:6.2f}  contextgate {row['gateway_p50']:6.2f}"
                 f"  (own {row['own_p50']:.2f}) ms"
+                + (f"  baseline {row['baseline_p50']:6.2f}" if "baseline_p50" in row else "")
             )
             rows.append(row)
+        if args.baseline is not None:
+            print(write_baseline(args.output, rows, n, args.baseline))
+            return
         rps: dict[int, dict[str, float]] = {}
         ports = {"direct": mock_port, "passthrough": passthrough_port, "gateway": gateway_port}
         for concurrency in (8, 64):

@@ -41,8 +41,8 @@ from bench.cache import Bill
 from bench.compaction import requests_of
 from bench.prompt_cache import PrefixCache
 from bench.report import publish
-from gateway.codecs.anthropic import to_messages
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.codecs.chat_anthropic import to_messages
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from gateway.context.restore import RESTORE_TOOL_NAME
 from pipelines import TokenCounter
 from tests.harness import GatewayServer

@@ -28,7 +28,7 @@ import orjson
 from bench.load import closed_loop
 from bench.overhead import ROOT, answers, free_port, process
 from bench.report import publish, quantile
-from gateway.config.settings import StoreSettings
+from gateway.config import StoreSettings
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisBackend, RedisStore
 from tests.harness import redis_server

@@ -36,7 +36,8 @@ from bench.compaction import DATA, ROOT, TURN_GAP_S, Messages, Session, Tally, r
 from bench.report import publish, quantile
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy
-from pipelines.checkpoints import Checkpoint, SummaryJob, run_job
+from pipelines.checkpoints import Checkpoint, SummaryJob
+from pipelines.local_summaries import run_job
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
     FIELDS,

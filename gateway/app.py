@@ -11,8 +11,9 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import RedocRenderPlugin
 
-from gateway.codecs.anthropic_inbound import error_body
-from gateway.config.settings import Settings, load_settings
+from gateway.codecs.anthropic_envelopes import error_body
+from gateway.config import Settings, load_settings
+from gateway.context.record import record_of
 from gateway.edge.access import AccessLog
 from gateway.edge.admission import Admission
 from gateway.edge.drain import Drain
@@ -46,9 +47,9 @@ _HTTP_CODES = {
 
 def _error_headers(request: Request[Any, Any, Any], exc: GatewayError) -> dict[str, str]:
     headers = dict(exc.headers or {})
-    request_id = getattr(request.state, "request_id", None)
-    if request_id:
-        headers["x-contextgate-request-id"] = request_id
+    record = record_of(request.scope.get("state", {}))
+    if record is not None:
+        headers["x-contextgate-request-id"] = record.request_id
     return headers
 
 
@@ -77,11 +78,12 @@ def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respo
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    record = record_of(request.scope.get("state", {}))
     log.error(
         "unhandled error on %s",
         request.url.path,
         exc_info=exc,
-        extra={"request_id": getattr(request.state, "request_id", None)},
+        extra={"request_id": record.request_id if record is not None else None},
     )
     error = GatewayError("The gateway failed to handle the request.")
     return _on_gateway_error(request, error)
@@ -103,6 +105,13 @@ def create_app(
         if traced:
             await flush_spans()
 
+    admission = Admission(
+        gateway.shedder,
+        gateway.tenants,
+        gateway.stores,
+        gateway.limiter,
+        max_header_bytes=settings.max_header_bytes,
+    )
     app = Litestar(
         route_handlers=[
             chat_completions,
@@ -123,7 +132,7 @@ def create_app(
             Exception: _on_unexpected,
         },
         # The server span, when traced, is outermost: refusals at admission are traced too.
-        middleware=[ServerSpans, Admission()] if traced else [Admission()],
+        middleware=[ServerSpans, admission] if traced else [admission],
         on_startup=[gateway.warm],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,
@@ -140,5 +149,11 @@ def create_app(
     # Around everything Litestar does for a request (routing, errors included), so that
     # every request is counted and logged; a tracing middleware goes around this one.
     # The drain is inside it, so a request ended at shutdown is logged as it was answered.
-    app.asgi_handler = AccessLog(Drain(app.asgi_handler, gateway.draining), gateway)
+    app.asgi_handler = AccessLog(
+        Drain(app.asgi_handler, gateway.draining),
+        gateway.metrics,
+        gateway.pipeline.catalog,
+        tenanted=bool(gateway.tenants),
+        log_prompts=settings.log_prompts,
+    )
     return app

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from gateway.config.settings import ConfigError, load_settings
+from gateway.config import ConfigError, load_settings
 from gateway.errors import GatewayError
 from gateway.http.headers import policy_from_header
 from gateway.telemetry.logs import LEVELS, configure_logging

@@ -1,37 +1,35 @@
-"""What the gateway holds for its lifetime: settings, the pipeline, the upstream client."""
+"""The process's parts, built once and held for its lifetime: the settings, the pipeline,
+the stores, the providers, the tenants and limits, the summary service, the metrics; warmed
+after start-up and closed at shutdown. Routes reach them through the application's state
+(``gateway.routes.calls.runtime_of``); below the routes each gets the parts it needs."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 
-from gateway.config.settings import Settings
+from gateway.config import Settings
+from gateway.context.call import Target
 from gateway.edge.drain import Draining
 from gateway.edge.overload import Shedder
 from gateway.errors import InvalidRequest
+from gateway.http.forwarding import upstream_request_headers
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream, Upstream
 from gateway.store import Stores
 from gateway.store.redis import CircuitBreaker
 from gateway.summaries.service import SummaryService
 from gateway.telemetry.metrics import Metrics
+from gateway.tenancy.auth import Caller
 from gateway.tenancy.limits import Limiter
 from gateway.tenancy.tenants import Tenants
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 
-if TYPE_CHECKING:
-    from gateway.tenancy.auth import Caller
-
-__all__ = ["Gateway", "new_request_id"]
-
-
-def new_request_id() -> str:
-    return "cg-" + secrets.token_hex(12)
+__all__ = ["Gateway"]
 
 
 @dataclass(slots=True)
@@ -60,7 +58,7 @@ class Gateway:
     def __post_init__(self) -> None:
         self.metrics.watch(self.stores, self.summaries, self.shedder)
 
-    def upstream_for(self, model: str) -> ChatUpstream:
+    def upstream_for(self, model: str) -> ChatUpstream | AnthropicUpstream:
         """Where requests for ``model`` go: the built-in Anthropic provider for Anthropic
         model names (``claude-*``, no provider prefix: ``anthropic/claude-...`` is a
         router's name and goes to the OpenAI-compatible upstream), unless it is disabled;
@@ -72,6 +70,14 @@ class Gateway:
         ):
             return self.anthropic
         return self.upstream
+
+    def target(self, caller: Caller, model: str, headers: Mapping[str, str]) -> Target:
+        """Where ``caller``'s requests for ``model`` go, with the client's ``headers`` as
+        they are sent there (the key chosen by ``upstream_key``)."""
+        provider = self.upstream_for(model)
+        sent = upstream_request_headers(headers.items(), self.upstream_key(caller, model))
+        sent["content-type"] = "application/json"
+        return Target(model, provider, sent)
 
     def upstream_key(self, caller: Caller, model: str) -> str | None:
         """The key to send instead of the caller's for ``model`` (``None``: the caller's
@@ -116,11 +122,7 @@ class Gateway:
             limiter=Limiter(stores.redis, metrics),
             metrics=metrics,
             shedder=Shedder(settings.max_in_flight, settings.max_queue_delay),
-            anthropic=AnthropicUpstream(
-                settings.anthropic,
-                settings.upstream,
-                max_tokens_for=lambda model: catalog.lookup(model).output_reserve,
-            ),
+            anthropic=AnthropicUpstream(settings.anthropic, settings.upstream),
             summaries=SummaryService(
                 stores.conversations,
                 stores.objects,

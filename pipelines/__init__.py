@@ -12,9 +12,10 @@ from pipelines.conversation import Conversation
 from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreError
 from pipelines.pipeline import CompactResult, Pipeline, compact
 from pipelines.policy import Policy, PolicyBounds
+from pipelines.ports import OffloadStore, Summarizer
 from pipelines.report import Report, StageReport
 from pipelines.session import ConversationState, conversation_id
-from pipelines.stage import OffloadStore, Stage, StageContext, Summarizer
+from pipelines.stage import Stage, StageContext
 from pipelines.stages import DEFAULT_STAGES, STAGE_NAMES
 from pipelines.tokens import TokenCounter, encoding, estimate_tokens
 

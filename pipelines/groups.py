@@ -4,11 +4,11 @@ A *group* is one message, or an assistant message with ``tool_calls`` together w
 tool results that follow it: compaction moves, shortens or removes a group as one unit, so
 a call is never separated from its results.
 
-Priority, lower kept longer (DESIGN section 4): user messages 0; final assistant answers
-(assistant text the user answered, or the last message) 1; tool-call groups with an error
-result 2; other assistant text 3; tool-call groups whose results all succeeded 4. A group
-that mentions one of the user's goal terms (an identifier with a digit in it, or a path,
-from the first or the latest user message) is raised one level.
+Priority, lower kept longer (docs/ARCHITECTURE.md, "The pipeline"): user messages 0; final
+assistant answers (assistant text the user answered, or the last message) 1; tool-call
+groups with an error result 2; other assistant text 3; tool-call groups whose results all
+succeeded 4. A group that mentions one of the user's goal terms (an identifier with a digit
+in it, or a path, from the first or the latest user message) is raised one level.
 
 *Protected* messages are neither removed nor summarised: system messages (but a system turn
 the model is no longer shown, ``shown_no_more``), the anchor (the first user message and

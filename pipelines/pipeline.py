@@ -15,14 +15,15 @@ from opentelemetry.trace import Tracer
 from pipelines.budget import Budget
 from pipelines.cache_break import cache_ttl
 from pipelines.catalog import ModelCatalog
-from pipelines.checkpoints import LocalSummaries, Summaries
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
+from pipelines.local_summaries import LocalSummaries
 from pipelines.policy import Policy
+from pipelines.ports import Clock, OffloadStore, Summaries, Summarizer
 from pipelines.report import Report
 from pipelines.runner import TRACER, run_stages
 from pipelines.session import ConversationState, cache_status, conversation_id
-from pipelines.stage import Clock, OffloadStore, Stage, StageContext, Summarizer
+from pipelines.stage import Stage, StageContext
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tokens import TokenCounter
 

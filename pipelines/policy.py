@@ -41,7 +41,7 @@ BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How hard the pipeline may work on one request. Defaults are DESIGN section 3's."""
+    """How hard the pipeline may work on one request. Defaults and ranges: docs/POLICY.md."""
 
     mode: Mode = "summarize"
     """``summarize`` (may call a model), ``truncate`` (deterministic only), ``off``

@@ -26,8 +26,9 @@ from opentelemetry.trace import Span, StatusCode, Tracer
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.errors import RequestRejected
+from pipelines.ports import OffloadStore
 from pipelines.report import Report, StageReport
-from pipelines.stage import OffloadStore, Stage, StageContext
+from pipelines.stage import Stage, StageContext
 
 __all__ = ["TRACER", "run_stages"]
 

@@ -1,4 +1,5 @@
-"""What the gateway remembers about one conversation between its requests (DESIGN section 6).
+"""What the gateway remembers about one conversation between its requests
+(docs/ARCHITECTURE.md, "The pipeline").
 
 Chat clients resend the whole history every time, so the pipeline can work statelessly,
 except for two things it cannot see in a request: whether the provider's prompt cache still

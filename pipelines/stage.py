@@ -3,15 +3,15 @@
 A stage is a small callable object with a ``name``. It receives the conversation and the
 request context and returns a conversation: the same object when it changed nothing, a new
 one otherwise. It never mutates its input. Everything with I/O (the offload store, the
-summary model, the clock) reaches it through the context as a Protocol.
+summary model, the summaries service, the clock) reaches it through the context, as one of
+the protocols in ``pipelines.ports``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from pipelines.budget import Budget
 from pipelines.catalog import ModelInfo
@@ -20,59 +20,16 @@ from pipelines.counting import ConversationTokens
 from pipelines.errors import StoreError
 from pipelines.messages import Message
 from pipelines.policy import Policy
+from pipelines.ports import Clock, OffloadStore, Summaries, Summarizer
 from pipelines.report import Report
 from pipelines.session import ConversationState
-from pipelines.summary import Summary
 from pipelines.tokens import TokenCounter
 
-if TYPE_CHECKING:
-    from pipelines.checkpoints import Summaries
-
-__all__ = [
-    "REF_PATTERN",
-    "Clock",
-    "Compacted",
-    "OffloadStore",
-    "Stage",
-    "StageContext",
-    "Summarizer",
-]
+__all__ = ["REF_PATTERN", "Compacted", "Stage", "StageContext"]
 
 REF_PATTERN: Final = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
-"""What a ref looks like (DESIGN section 5): ``ctx_`` and at least 22 URL-safe characters."""
-
-Clock = Callable[[], float]
-"""Seconds on a monotonic scale."""
-
-
-@runtime_checkable
-class OffloadStore(Protocol):
-    """Where removed content goes so that it can be restored by ref."""
-
-    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
-        """Store ``content`` for ``ttl`` seconds; return its ref once the write is
-        acknowledged, or raise ``StoreError``. The same content in the same namespace
-        always gets the same ref."""
-        ...
-
-    async def get(self, namespace: str, ref: str) -> bytes | None:
-        """The content behind ``ref`` in ``namespace``, or ``None``."""
-        ...
-
-
-@runtime_checkable
-class Summarizer(Protocol):
-    """Writes a structured summary of messages with an auxiliary model."""
-
-    async def summarize(
-        self,
-        messages: Sequence[Message],
-        *,
-        model: str,
-        previous: Mapping[str, Any] | None = None,
-    ) -> Summary:
-        """The summary of ``messages`` (merging ``previous``), or ``SummaryFailed``."""
-        ...
+"""What a ref looks like (docs/ARCHITECTURE.md, "The pipeline"): ``ctx_`` and at least 22
+URL-safe characters."""
 
 
 @runtime_checkable

@@ -1,5 +1,5 @@
-"""The structured summary (DESIGN section 4, stage 6): what it holds, how it is asked for,
-how an answer is checked, and the message that carries it.
+"""The structured summary (stage 6: docs/ARCHITECTURE.md, "The pipeline"): what it holds,
+how it is asked for, how an answer is checked, and the message that carries it.
 
 A summary is one JSON object with exactly the eleven ``FIELDS``. It is a checkpoint for
 another model, not prose for a person: identifiers (paths, ids, numbers, URLs, error codes)

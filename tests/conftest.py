@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer, private_redis, redis_from_env
 from tests.mock_upstream import MockUpstream
 

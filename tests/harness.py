@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config.settings import Settings
+from gateway.config import Settings
 from gateway.edge.drain import DrainingServer
 
 

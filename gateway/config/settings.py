@@ -1,196 +1,20 @@
-"""Configuration: built-in defaults, then the YAML file, then the environment.
-
-With no file at all the gateway serves: OpenAI upstream, in-memory store, the caller's
-own key passed through. The YAML file (``--config`` or ``CONTEXTGATE_CONFIG``) may use
-``${NAME}`` (or ``${NAME:-default}``) to pull secrets from the environment. Everything is
-parsed into frozen structs and validated once at start-up; a bad file stops the gateway
-with a message that names the field.
-"""
+"""``Settings``: the whole configuration, composed of each feature's settings (read by
+``gateway.config.loader``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import re
-from collections.abc import Mapping
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
+from gateway.config.errors import ConfigError
+from gateway.config.store import RedisTopology, StoreSettings
+from gateway.config.tenants import LimitSettings, TenantSettings
+from gateway.config.upstream import AnthropicSettings, UpstreamSettings
 from pipelines import ModelInfo, Policy, PolicyBounds, PolicyError
 
-__all__ = [
-    "ConfigError",
-    "LimitSettings",
-    "Settings",
-    "StoreSettings",
-    "TenantSettings",
-    "UpstreamSettings",
-    "load_settings",
-]
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says where and why."""
-
-
-class UpstreamSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The default OpenAI-compatible upstream."""
-
-    base_url: str = "https://api.openai.com/v1"
-    """Base URL ending in the API version, e.g. ``https://api.openai.com/v1``."""
-    api_key: str | None = None
-    """Key sent upstream instead of the caller's; ``None``: pass the caller's through."""
-    connect_timeout: float = 10.0
-    """Seconds to establish a connection."""
-    read_timeout: float = 600.0
-    """Seconds to wait for the next bytes of a response (reasoning models think long)."""
-    write_timeout: float = 60.0
-    """Seconds to send the request body."""
-    pool_timeout: float = 10.0
-    """Seconds to wait for a pooled connection."""
-    max_connections: int | None = None
-    """Open connections at most; ``None``: no cap, so streams never queue behind others."""
-    max_keepalive_connections: int = 256
-    """Idle connections kept for reuse."""
-    pool_shards: int = 16
-    """Independent connection pools the connections are spread over (see
-    ``gateway.providers.openai.Upstream``); the limits above are totals across them."""
-    keepalive_expiry: float = 30.0
-    """Seconds an idle connection is kept."""
-    max_error_body_bytes: int = 1_048_576
-    """Largest upstream error body relayed; longer ones are cut."""
-
-    def __post_init__(self) -> None:
-        if not re.match(r"^https?://[^/\s]+", self.base_url):
-            raise ConfigError(f"upstream.base_url must be an http(s) URL, got {self.base_url!r}")
-        if self.api_key is not None and not self.api_key.isascii():
-            raise ConfigError("upstream.api_key must be ASCII")
-        for name in ("connect_timeout", "read_timeout", "write_timeout", "pool_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"upstream.{name} must be positive")
-        if self.max_connections is not None and self.max_connections < 1:
-            raise ConfigError("upstream.max_connections must be at least 1 or null")
-        if not 1 <= self.pool_shards <= 256:
-            raise ConfigError("upstream.pool_shards must be between 1 and 256")
-
-
-class AnthropicSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The built-in Anthropic provider (``claude-*`` models)."""
-
-    base_url: str = "https://api.anthropic.com"
-    api_key: str | None = None
-    """The Anthropic key (``CONTEXTGATE_ANTHROPIC_API_KEY``); ``None``: in passthrough
-    mode the caller's own key goes, with tenants ``claude-*`` models are refused. The
-    OpenAI upstream's key is never sent to Anthropic."""
-    enabled: bool = True
-    """``false``: ``claude-*`` models go to the OpenAI-compatible upstream like any other
-    (a proxy that serves them in OpenAI form)."""
-
-
-class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The offload store (Redis when ``redis_url`` is set, else memory)."""
-
-    secret: str | None = None
-    """Key of the refs' HMAC, shared by every replica (``CONTEXTGATE_STORE_SECRET``); at
-    least 32 characters. ``None``: one is created in Redis on first start (or, in memory,
-    per process)."""
-    timeout: float = 0.25
-    """Seconds one store operation may take before the request goes on without it."""
-    max_object_bytes: int = 16 * 1024 * 1024
-    """Largest object stored; larger content stays where it is."""
-    memory_max_bytes: int = 256 * 1024 * 1024
-    """Bytes the in-memory store may hold."""
-    breaker_failures: int = 3
-    """Consecutive failures after which the store is not asked for ``breaker_cooldown``."""
-    breaker_cooldown: float = 5.0
-    max_connections: int = 256
-    """Redis connections per gateway process; past it, calls wait (within the timeout)."""
-
-    def __post_init__(self) -> None:
-        if self.secret is not None and len(self.secret) < 32:
-            raise ConfigError("store.secret must be at least 32 characters")
-        if not 0 < self.timeout <= 30:
-            raise ConfigError("store.timeout must be in (0, 30] seconds")
-        if not 1_024 <= self.max_object_bytes <= 512 * 1024 * 1024:
-            raise ConfigError("store.max_object_bytes must be between 1 KiB and 512 MiB")
-        if self.memory_max_bytes < self.max_object_bytes:
-            raise ConfigError("store.memory_max_bytes must be at least max_object_bytes")
-        if not 1 <= self.max_connections <= 10_000:
-            raise ConfigError("store.max_connections must be between 1 and 10000")
-        if self.breaker_failures < 1 or self.breaker_cooldown <= 0:
-            raise ConfigError("store.breaker_failures must be >= 1, breaker_cooldown > 0")
-
-
-class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How much one tenant (in passthrough mode, one upstream key) may ask at once, counted
-    across replicas in Redis (in the process without Redis). Past a limit the answer is 429
-    with ``Retry-After``; when Redis cannot be asked, the request goes on (fail-open)."""
-
-    concurrency: int | None = None
-    """Requests in progress at once, a stream until its last event; ``None``: no limit."""
-    requests_per_minute: int | None = None
-    """Requests started per minute; a burst of as many is allowed at once, then they are
-    admitted evenly. ``None``: no limit."""
-
-    def __post_init__(self) -> None:
-        for name in ("concurrency", "requests_per_minute"):
-            value = getattr(self, name)
-            if value is not None and not 1 <= value <= 1_000_000:
-                raise ConfigError(f"limits.{name} must be between 1 and 1000000, or null")
-
-
-class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A team sharing the gateway: its gateway keys (as hashes), its upstream credentials,
-    the models it may use, its policy and what its callers may tune, and its limits."""
-
-    name: str
-    """Lower-case letters, digits and dashes; names the tenant's namespace."""
-    keys: tuple[str, ...]
-    """Hashes of the tenant's gateway keys, as ``contextgate hash-key`` prints them."""
-    upstream_api_key: str | None = None
-    """The key sent to the OpenAI-compatible upstream for this tenant (by ``${ENV}``
-    reference); ``None``: the global ``upstream.api_key``."""
-    anthropic_api_key: str | None = None
-    """The key sent to Anthropic for this tenant; ``None``: the global ``anthropic.api_key``."""
-    models: tuple[str, ...] = ("*",)
-    """Globs of the model names the tenant may use (``gpt-4o*``); others get 403. Summary
-    models too."""
-    policy: dict[str, Any] = msgspec.field(default_factory=dict)
-    """The tenant's policy, by wire name, over the deployment's ``policy``."""
-    bounds: dict[str, Any] = msgspec.field(default_factory=dict)
-    """What the tenant's callers may tune with ``x-contextgate-policy``, within the
-    deployment's ``bounds``: ``[low, high]`` for a numeric key, the values allowed for
-    another, ``false`` for a key they may not set."""
-    limits: LimitSettings | None = None
-    """The tenant's limits; ``None``: the deployment's ``limits``."""
-
-    def __post_init__(self) -> None:
-        if not _TENANT_NAME.fullmatch(self.name):
-            raise ConfigError(
-                f"tenants: name {self.name!r} must be 1-64 lower-case letters, digits or dashes"
-            )
-        if not self.keys:
-            raise ConfigError(f"tenants[{self.name}]: needs at least one key hash")
-        for key in self.keys:
-            if not _KEY_HASH.fullmatch(key):
-                raise ConfigError(
-                    f"tenants[{self.name}]: {key[:12]!r}... is not a key hash; store"
-                    " `contextgate hash-key` output (sha256:<64 hex digits>), never the key"
-                )
-        for field in ("upstream_api_key", "anthropic_api_key"):
-            value = getattr(self, field)
-            if value is not None and (not value or not value.isascii()):
-                raise ConfigError(f"tenants[{self.name}]: {field} must be a non-empty ASCII key")
-        if not self.models or not all(self.models):
-            raise ConfigError(f"tenants[{self.name}]: models must list at least one glob")
-
-
-_TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
-_KEY_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+__all__ = ["Settings"]
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -300,9 +124,6 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.max_queue_delay is not None and not 0.01 <= self.max_queue_delay <= 60:
             raise ConfigError("max_queue_delay must be in [0.01, 60] seconds, or null")
         if self.redis_url is not None:
-            # Imported here: the store package imports this module.
-            from gateway.store.topologies import RedisTopology
-
             try:
                 RedisTopology.parse(self.redis_url)
             except ValueError as exc:
@@ -359,102 +180,3 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return outer.narrowed(PolicyBounds.from_mapping(tenant.bounds))
         except PolicyError as exc:
             raise ConfigError(f"tenants[{tenant.name}].bounds: {exc}") from exc
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML with the 1.2 booleans only: ``mode: off`` is the string ``off``, not false."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _substitute(value: Any, environ: Mapping[str, str]) -> Any:
-    """``value`` with ``${NAME}`` references replaced in every string it holds.
-
-    Done on the parsed document, not its text, so comments may mention references and a
-    secret's characters can never change the YAML's structure."""
-    if isinstance(value, dict):
-        return {key: _substitute(item, environ) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_substitute(item, environ) for item in value]
-    if not isinstance(value, str):
-        return value
-
-    def replacement(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in environ:
-            return environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"the configuration refers to ${{{name}}}, which is not set")
-
-    return _ENV_REF.sub(replacement, value)
-
-
-def load_settings(
-    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
-) -> Settings:
-    """Settings from ``path`` (or ``CONTEXTGATE_CONFIG``) with environment overrides."""
-    env = os.environ if environ is None else environ
-    path = path or env.get("CONTEXTGATE_CONFIG") or None
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read configuration {path}: {exc.strerror}") from exc
-        try:
-            loaded = _substitute(yaml.load(text, Loader=_Loader), env)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        data = loaded or {}
-    overrides = {
-        ("upstream", "base_url"): env.get("CONTEXTGATE_UPSTREAM_BASE_URL"),
-        ("upstream", "api_key"): env.get("CONTEXTGATE_UPSTREAM_API_KEY"),
-        ("anthropic", "base_url"): env.get("CONTEXTGATE_ANTHROPIC_BASE_URL"),
-        ("anthropic", "api_key"): env.get("CONTEXTGATE_ANTHROPIC_API_KEY"),
-        ("redis_url",): env.get("REDIS_URL"),
-        ("store", "secret"): env.get("CONTEXTGATE_STORE_SECRET"),
-    }
-    for keys, value in overrides.items():
-        if value:
-            target = data
-            for key in keys[:-1]:
-                target = target.setdefault(key, {})
-                if not isinstance(target, dict):
-                    raise ConfigError(f"{key} must be a mapping")
-            target[keys[-1]] = value
-    _check_model_fields(data.get("models"))
-    # An unset ${VAR:-} leaves an empty string: for optional settings that means "not set".
-    if data.get("redis_url") == "":
-        data["redis_url"] = None
-    for section, key in (("upstream", "api_key"), ("store", "secret")):
-        part = data.get(section)
-        if isinstance(part, dict) and part.get(key) == "":
-            part[key] = None
-    try:
-        settings = msgspec.convert(data, Settings)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {exc}") from exc
-    settings.default_policy()
-    return settings
-
-
-def _check_model_fields(models: Any) -> None:
-    """Unknown keys in a model entry are refused (msgspec ignores them on dataclasses)."""
-    known = {field.name for field in dataclasses.fields(ModelInfo)}
-    for index, entry in enumerate(models if isinstance(models, list) else ()):
-        if isinstance(entry, dict) and (unknown := sorted(set(entry) - known)):
-            raise ConfigError(
-                f"models[{index}]: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
-            )

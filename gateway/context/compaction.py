@@ -1,11 +1,13 @@
-"""Reading a chat request off the wire and running the pipeline over it.
+"""A client's chat request compacted under its policy: the pipeline run over it.
 
-Shared by the chat route, which then forwards the result, and the dry-run route, which
-returns it. The gateway's restore tool is decided here, so that the pipeline budgets it and
-sees it as the provider will: it is in the request from the first one that names an
-offloaded object on (``gateway.context.restore``). ``recompact`` serves the overflow retry: when
-the upstream says the request was too long for its window anyway, the same request is
-compacted again to half the budget.
+Shared by the chat and Messages routes, which then send the result (``gateway.context.answer``),
+and by the dry runs (``POST /v1/context/compact``, ``count_tokens``), which return or
+count it. The request's policy (its tenant's, tuned by its header), its conversation's
+identity and record, its summary model's client and where it goes (its ``Target``) are
+decided here. So is the gateway's restore tool, so that the pipeline budgets it and sees
+it as the provider will (``_compact_with_restore_tool``). ``recompact`` serves the
+overflow retry: when the upstream says the request was too long for its window anyway,
+the same request is compacted again to half the budget.
 """
 
 from __future__ import annotations
@@ -16,18 +18,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import orjson
-from litestar import Request
 from opentelemetry import trace
 
-from gateway.codecs.openai import parse_chat_request
+from gateway.context.call import Call, Services, Target
 from gateway.context.restore import has_refs, with_restore_tool
+from gateway.context.wires import chat_post
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
-from gateway.http.client import read_body
 from gateway.http.headers import POLICY_HEADER, policy_from_header
-from gateway.providers.openai import upstream_request_headers
-from gateway.runtime import Gateway
 from gateway.summaries.summarizer import UpstreamSummarizer
-from gateway.tenancy.auth import Caller, caller_of
+from gateway.tenancy.auth import Caller
 from pipelines import (
     CompactResult,
     ConversationState,
@@ -36,15 +35,14 @@ from pipelines import (
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR
-from pipelines.checkpoints import Summaries
+from pipelines.ports import Summaries
 
 __all__ = [
     "CONVERSATION_HEADER",
     "ChatRequest",
-    "compact_request",
+    "compact",
     "recompact",
     "refuse_upstream_choice",
-    "request_body",
 ]
 
 _tracer = trace.get_tracer(__name__)
@@ -80,6 +78,8 @@ class ChatRequest:
     state: ConversationState | None
     """The conversation's record as it was before this request."""
     caller: Caller
+    target: Target | None
+    """Where the request goes (``None`` for a dry run)."""
     restore_tool: bool = False
     """Whether ``body`` (and so the request sent) carries the gateway's restore tool."""
     content: bytes | None = None
@@ -96,55 +96,38 @@ class ChatRequest:
         )
 
 
-async def compact_request(
-    request: Request[Any, Any, Any],
+async def compact(
+    services: Services,
+    call: Call,
+    body: dict[str, Any],
     *,
+    raw: bytes | None = None,
     dry_run: bool = False,
-    body: dict[str, Any] | None = None,
 ) -> ChatRequest:
-    """The request's body (an OpenAI chat request, read from ``request`` unless ``body``
-    gives it already translated) compacted under its policy; a ``dry_run`` asks no model
-    for a summary (a checkpoint already prepared is used)."""
-    gateway: Gateway = request.app.state.gateway
-    caller = caller_of(request)
-    raw = None
-    if body is None:
-        raw = await request_body(request)
-        body = parse_chat_request(raw)
-    request.state.body = body  # for the access log and metrics (gateway.access)
+    """``body``, an OpenAI chat request (as received in ``raw`` when it came as one),
+    compacted under its policy, with where it goes (``ChatRequest.target``, resolved here
+    once). A ``dry_run`` resolves no target and asks no model for a summary (a checkpoint
+    already prepared is used)."""
+    caller = call.caller
+    call.record.read(body)
     refuse_upstream_choice(body)
     policy = policy_from_header(
-        request.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
+        call.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
     )
-    _check_models(caller, str(body.get("model", "")), policy)
+    model = str(body.get("model", ""))
+    _check_models(caller, model, policy)
+    target = None if dry_run else services.target(caller, model, call.headers)
     namespace = caller.namespace
-    conversation = _conversation(request.headers, namespace, body)
-    state = await gateway.stores.conversations.get(namespace, conversation)
+    conversation = _conversation(call.headers, namespace, body)
+    state = await services.stores.conversations.get(namespace, conversation)
     summaries = None
-    if gateway.settings.summaries and policy.mode == "summarize":
-        summary_model = policy.summary_model or str(body.get("model", ""))
-        try:
-            key = gateway.upstream_key(caller, summary_model)
-        except InvalidRequest:
-            dry_run = True  # no credentials for the summary model: checkpoints only
-            key = None
-        headers = upstream_request_headers(request.headers.items(), key)
-        summarizer = (
-            None
-            if dry_run
-            else UpstreamSummarizer(
-                gateway.upstream_for(summary_model),
-                headers,
-                timeout=policy.summary_timeout,
-                breaker=gateway.summary_breaker,
-                plain=gateway.structured_refused,
-            )
-        )
-        summaries = gateway.summaries.bind(
+    if services.settings.summaries and policy.mode == "summarize":
+        summarizer = None if dry_run else _summarizer(services, call, policy, model, target)
+        summaries = services.summaries.bind(
             namespace, conversation, summarizer, policy.summary_timeout
         )
     result, tooled, content = await _compact_with_restore_tool(
-        gateway, raw, body, policy, state, namespace, conversation, summaries
+        services, raw, body, policy, state, namespace, conversation, summaries
     )
     return ChatRequest(
         raw,
@@ -155,19 +138,29 @@ async def compact_request(
         conversation,
         state,
         caller,
+        target,
         restore_tool=tooled is not None,
         content=content,
     )
 
 
-async def request_body(request: Request[Any, Any, Any]) -> bytes:
-    """The request's body, read within the gateway's size and time limits."""
-    settings = request.app.state.gateway.settings
-    return await read_body(
-        request.receive,
-        request.headers.get("content-length"),
-        settings.max_body_bytes,
-        within=settings.body_timeout,
+def _summarizer(
+    services: Services, call: Call, policy: Policy, model: str, target: Target | None
+) -> UpstreamSummarizer | None:
+    """The summary model's client (``policy.summary_model``, else the request's model), or
+    ``None`` when no credentials may be sent there: then checkpoints only."""
+    name = policy.summary_model or model
+    if target is None or name != model:
+        try:
+            target = services.target(call.caller, name, call.headers)
+        except InvalidRequest:
+            return None
+    reserve = services.pipeline.catalog.lookup(name).output_reserve
+    return UpstreamSummarizer(
+        chat_post(target, reserve),
+        timeout=policy.summary_timeout,
+        breaker=services.summary_breaker,
+        plain=services.structured_refused,
     )
 
 
@@ -195,7 +188,7 @@ def _check_models(caller: Caller, model: str, policy: Policy) -> None:
             )
 
 
-async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
+async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None:
     """The request compacted again (deterministically, no model call) to half of what
     the upstream just refused: half its budget, or half its size when that is smaller, as
     the upstream's window is evidently not what the catalog says. None when that would go
@@ -206,7 +199,7 @@ async def recompact(gateway: Gateway, chat: ChatRequest) -> ChatRequest | None:
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
     result = await _compact(
-        gateway, chat.body, policy, chat.state, chat.namespace, chat.conversation
+        services, chat.body, policy, chat.state, chat.namespace, chat.conversation
     )
     if result.request == chat.result.request:
         return None
@@ -229,7 +222,7 @@ def _conversation(headers: Mapping[str, str], namespace: str, body: dict[str, An
 
 
 async def _compact_with_restore_tool(
-    gateway: Gateway,
+    services: Services,
     raw: bytes | None,
     body: dict[str, Any],
     policy: Policy,
@@ -250,17 +243,17 @@ async def _compact_with_restore_tool(
     refused."""
     first = state is None or state.calls == 0
     offered = (state is not None and state.restore_tool) or (
-        first and bool(body.get("tools")) and gateway.settings.restore_tool == "from_start"
+        first and bool(body.get("tools")) and services.settings.restore_tool == "from_start"
     )
     if offered:
         tooled = with_restore_tool(body)
         if tooled is not None:
             result = await _fitted(
-                gateway, tooled, policy, state, namespace, conversation, summaries
+                services, tooled, policy, state, namespace, conversation, summaries
             )
             if result is not None:
                 return result, tooled, None
-    result = await _compact(gateway, body, policy, state, namespace, conversation, summaries)
+    result = await _compact(services, body, policy, state, namespace, conversation, summaries)
     if offered:
         return result, None, None
     content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
@@ -268,14 +261,14 @@ async def _compact_with_restore_tool(
     if added is None:
         return result, None, content
     with _tracer.start_as_current_span("contextgate.restore_tool"):
-        again = await _fitted(gateway, added, policy, state, namespace, conversation, summaries)
+        again = await _fitted(services, added, policy, state, namespace, conversation, summaries)
     if again is None:
         return result, None, content
     return again, added, None
 
 
 async def _fitted(
-    gateway: Gateway,
+    services: Services,
     body: dict[str, Any],
     policy: Policy,
     state: ConversationState | None,
@@ -285,7 +278,7 @@ async def _fitted(
 ) -> CompactResult | None:
     """``_compact``, or ``None`` when the request cannot be made to fit its budget."""
     try:
-        return await _compact(gateway, body, policy, state, namespace, conversation, summaries)
+        return await _compact(services, body, policy, state, namespace, conversation, summaries)
     except RequestRejectedError as exc:
         if exc.code == "context_length_exceeded":
             return None
@@ -293,7 +286,7 @@ async def _fitted(
 
 
 async def _compact(
-    gateway: Gateway,
+    services: Services,
     body: dict[str, Any],
     policy: Policy,
     state: ConversationState | None,
@@ -302,13 +295,13 @@ async def _compact(
     summaries: Summaries | None = None,
 ) -> CompactResult:
     try:
-        return await gateway.pipeline.compact(
+        return await services.pipeline.compact(
             body,
             policy=policy,
             state=state,
             namespace=namespace,
             conversation=conversation,
-            store=gateway.stores.for_request(),
+            store=services.stores.for_request(),
             summaries=summaries,
         )
     except RequestRejected as exc:

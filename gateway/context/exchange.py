@@ -1,57 +1,50 @@
-"""One client request's exchange with its upstream, whatever the wire format.
+"""One attempt at a client request's exchange with its upstream, whatever the wire format.
 
 The chat route and the Messages route differ in what they read and write; what happens
 between is the same and lives here: the pipeline's request goes out (with the restore tool
-once the conversation has refs), an upstream context overflow is compacted again and
-retried, the model's restore calls are answered in place, and the conversation's record is
-stored with the usage the provider reported for the request (its first answer: restore
-rounds are not part of the conversation the next request continues). A ``Wire`` says how
-requests and answers look on the upstream's side: OpenAI chat, or the Anthropic Messages API
-(``gateway.context.wires``).
+when the conversation has it), the model's restore calls are answered in place, and the
+conversation's record is stored with the usage the provider reported for the request (its
+first answer: restore rounds are not part of the conversation the next request continues).
+A ``Wire`` says how requests and answers look on the upstream's side: OpenAI chat, or the
+Anthropic Messages API (``gateway.context.wires``).
 
-``exchange`` returns ``Buffered`` (status, headers and the whole body) or ``Streamed`` (the
-first event and the rest); the route turns either into its own response.
+``exchange`` returns ``Buffered`` (status, headers and the whole body), ``Streamed`` (the
+first event and the rest), or, when the upstream found the request too long and another
+attempt may follow, ``Overflowed``: the overflow retry is ``gateway.context.answer``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import anyio
 import httpx
-from litestar import Request
 
 from gateway.context.cache_breaks import CACHE_BREAK_HEADER, note_cache_break
-from gateway.context.compaction import ChatRequest, recompact
+from gateway.context.call import Call, Services
+from gateway.context.compaction import ChatRequest
 from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.errors import UpstreamStreamBroken
 from gateway.http.client import while_connected
 from gateway.http.headers import report_headers
 from gateway.http.responses import first_event, is_event_stream
 from gateway.http.sse import close
-from gateway.providers.openai import ChatUpstream, is_context_overflow
-from gateway.runtime import Gateway
+from gateway.providers.openai import Provider, is_context_overflow
 from gateway.telemetry.upstream_span import UpstreamCall
 
 __all__ = [
-    "MAX_ATTEMPTS",
     "Buffered",
+    "Overflowed",
     "Streamed",
     "UpstreamAnswered",
     "UsageTracker",
     "Wire",
     "exchange",
 ]
-
-log = logging.getLogger("contextgate.exchange")
-
-MAX_ATTEMPTS: Final = 3
-"""Upstream attempts per request: the first, then up to two after a context overflow."""
 
 
 class UsageTracker(Protocol):
@@ -70,7 +63,7 @@ class Wire(Protocol):
     """How one request and its answers look on the upstream's side."""
 
     @property
-    def upstream(self) -> ChatUpstream: ...
+    def upstream(self) -> Provider: ...
 
     def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
         """The body sent upstream for the pipeline's request ``outgoing`` (OpenAI chat);
@@ -136,128 +129,151 @@ class UpstreamAnswered(Exception):
         self.response, self.body = response, body
 
 
+@dataclass(slots=True)
+class Overflowed:
+    """The upstream refused the request as too long for the model's window, and another
+    attempt may follow (``gateway.context.answer``): ``buffered`` is the refusal, relayed
+    as it is when none does."""
+
+    buffered: Buffered
+    chat: ChatRequest
+
+
 async def exchange(
-    request: Request[Any, Any, Any],
+    services: Services,
+    call: Call,
     chat: ChatRequest,
     wire: Wire,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     *,
-    request_id: str,
-    started: float,
-) -> Buffered | Streamed:
-    """Send ``chat``'s compacted request over ``wire`` and bring back the answer."""
-    gateway: Gateway = request.app.state.gateway
+    attempt: int = 1,
+    own_ms: float = 0.0,
+    retry: bool = False,
+) -> Buffered | Streamed | Overflowed:
+    """Send ``chat``'s compacted request over ``wire`` (attempt ``attempt``, with
+    ``own_ms`` of the gateway's own time so far) and bring back the answer; with
+    ``retry``, a context overflow comes back as ``Overflowed`` for the caller to compact
+    again."""
     upstream = wire.upstream
-    notes = request.scope["state"]  # what the access log and metrics read (gateway.access)
-    own_ms = (perf_counter() - started) * 1000
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        result = chat.result
-        notes["report"], notes["attempts"] = result.report, attempt
-        outgoing, tooled = result.request, chat.restore_tool
-        content = wire.encode(outgoing, chat.content)
-        restorer = None
-        if tooled:
-            counter = gateway.pipeline.counter(
-                gateway.pipeline.catalog.lookup(str(outgoing.get("model", ""))).encoding
-            )
-            restorer = Restorer(
-                gateway.stores.objects,
-                chat.namespace,
-                counter,
-                room=result.report.budget - result.report.tokens_after,
-            )
-        sent_at, sending = time.time(), perf_counter()
-        call = UpstreamCall.start(upstream, outgoing)
-        with call.current():
-            response = await while_connected(request.receive, wire.send(content, headers))
-        ours = report_headers(request_id, result.report, own_ms)
-        ours["x-contextgate-attempts"] = str(attempt)
-        predicted = result.report.cache_break
-        if predicted is not None:
-            ours[CACHE_BREAK_HEADER] = predicted
-        if is_event_stream(response):
-            events = call.streamed(response.status_code, upstream.events(response))
-            first = await while_connected(request.receive, first_event(events))
-            failed = wire.stream_error(first)
-            gateway.metrics.upstream_answered(
-                upstream.provider, perf_counter() - sending, failed is None
-            )
-            if failed is not None:
-                await close(events)
-                status, body = failed
-                return Buffered(response, body, ours, status=status)
-            tracker = wire.usage_tracker()
-            tracker.add(first)
-            metered = _Metered(events, tracker)
-            relayed: AsyncIterator[bytes] = metered
-            if restorer is not None:
-                resend = _resend_stream(wire, outgoing, headers)
-                relayed = wire.stream(first, metered, restorer, resend)
-                first = b""
-            events = _Remembering(
-                gateway, chat, sent_at, relayed, metered, restorer is not None, tracker, notes
-            )
-            return Streamed(response, first, events, ours)
-        limit = None if response.is_success else upstream.settings.max_error_body_bytes
-        with call.current():
-            body = await while_connected(request.receive, upstream.read_body(response, limit))
-        call.answered(response.status_code, body)
-        gateway.metrics.upstream_answered(
-            upstream.provider, perf_counter() - sending, response.is_success
-        )
-        if attempt < MAX_ATTEMPTS and is_context_overflow(response.status_code, body):
-            retry_started = perf_counter()
-            smaller = await recompact(gateway, chat)
-            own_ms += (perf_counter() - retry_started) * 1000
-            if smaller is not None:
-                log.info(
-                    "upstream context overflow; retrying compacted to %d tokens",
-                    smaller.result.report.budget,
-                    extra={"request_id": request_id},
-                )
-                chat = smaller
-                continue
-        break
-    # The first answer's usage is the conversation's: its next request has none of the
-    # restore rounds' turns (the client's body still adds every round up).
-    usage = wire.usage(body) if response.is_success else None
-    answer_id = wire.answer_id(body) if response.is_success else None
-    if response.is_success and restorer is not None:
-        try:
-            body = await while_connected(
-                request.receive,
-                wire.complete(body, restorer, _resend(wire, outgoing, headers)),
-            )
-        except UpstreamAnswered as answered:
-            response, body = answered.response, answered.body
-        ours["x-contextgate-restore"] = restorer.stats.header()
-    if response.is_success:
-        cause = note_cache_break(gateway.metrics, chat, usage)
-        ours.pop(CACHE_BREAK_HEADER, None)
-        if cause is not None:
-            ours[CACHE_BREAK_HEADER] = cause
-        notes["usage"], notes["cache_break"] = usage, cause
-        _remember(gateway, chat, sent_at, usage, answer_id, restorer is not None)
-    return Buffered(response, body, ours)
+    result = chat.result
+    call.record.report, call.record.attempts = result.report, attempt
+    outgoing = result.request
+    content = wire.encode(outgoing, chat.content)
+    restorer = _restorer(services, chat) if chat.restore_tool else None
+    sent_at, sending = time.time(), perf_counter()
+    span = UpstreamCall.start(upstream.provider, outgoing)
+    with span.current():
+        response = await while_connected(call.receive, wire.send(content, headers))
+    ours = report_headers(call.request_id, result.report, own_ms)
+    ours["x-contextgate-attempts"] = str(attempt)
+    predicted = result.report.cache_break
+    if predicted is not None:
+        ours[CACHE_BREAK_HEADER] = predicted
+    sent = _Sent(services, call, chat, wire, headers, restorer, sent_at, sending, ours)
+    if is_event_stream(response):
+        return await sent.streamed(response, span)
+    limit = None if response.is_success else upstream.settings.max_error_body_bytes
+    with span.current():
+        body = await while_connected(call.receive, upstream.read_body(response, limit))
+    span.answered(response.status_code, body)
+    services.metrics.upstream_answered(
+        upstream.provider, perf_counter() - sending, response.is_success
+    )
+    if retry and is_context_overflow(response.status_code, body):
+        return Overflowed(Buffered(response, body, ours), chat)
+    return await sent.buffered(response, body)
 
 
-def _remember(
-    gateway: Gateway,
-    chat: ChatRequest,
-    sent_at: float,
-    usage: dict[str, Any] | None,
-    answer_id: str | None,
-    restore_tool: bool,
-) -> None:
-    state = chat.result.state.answered(at=sent_at, usage=usage, answer_id=answer_id)
-    gateway.remember(
-        chat.namespace, chat.conversation, state.with_restore_tool() if restore_tool else state
+def _restorer(services: Services, chat: ChatRequest) -> Restorer:
+    """The restore calls' answerer for a request that carries the restore tool: within
+    the room its budget leaves."""
+    report, pipeline = chat.result.report, services.pipeline
+    counter = pipeline.counter(pipeline.catalog.lookup(report.model).encoding)
+    return Restorer(
+        services.stores.objects,
+        chat.namespace,
+        counter,
+        room=report.budget - report.tokens_after,
     )
 
 
-def _resend(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> Resend:
+@dataclass(slots=True)
+class _Sent:
+    """A request sent: its answer read on (restore calls answered, usage noted, the
+    conversation's record kept)."""
+
+    services: Services
+    call: Call
+    chat: ChatRequest
+    wire: Wire
+    headers: Mapping[str, str]
+    restorer: Restorer | None
+    sent_at: float
+    sending: float
+    ours: dict[str, str]
+
+    async def streamed(self, response: httpx.Response, span: UpstreamCall) -> Buffered | Streamed:
+        wire, upstream, call = self.wire, self.wire.upstream, self.call
+        events = span.streamed(response.status_code, upstream.events(response))
+        first = await while_connected(call.receive, first_event(events))
+        failed = wire.stream_error(first)
+        self.services.metrics.upstream_answered(
+            upstream.provider, perf_counter() - self.sending, failed is None
+        )
+        if failed is not None:
+            await close(events)
+            status, body = failed
+            return Buffered(response, body, self.ours, status=status)
+        tracker = wire.usage_tracker()
+        tracker.add(first)
+        metered = _Metered(events, tracker)
+        relayed: AsyncIterator[bytes] = metered
+        if self.restorer is not None:
+            resend = _resend_stream(wire, self.chat.result.request, self.headers)
+            relayed = wire.stream(first, metered, self.restorer, resend)
+            first = b""
+        remembering = _Remembering(self, relayed, metered, tracker)
+        return Streamed(response, first, remembering, self.ours)
+
+    async def buffered(self, response: httpx.Response, body: bytes) -> Buffered:
+        # The first answer's usage is the conversation's: its next request has none of the
+        # restore rounds' turns (the client's body still adds every round up).
+        usage = self.wire.usage(body) if response.is_success else None
+        answer_id = self.wire.answer_id(body) if response.is_success else None
+        restorer, outgoing = self.restorer, self.chat.result.request
+        if response.is_success and restorer is not None:
+            try:
+                body = await while_connected(
+                    self.call.receive,
+                    self.wire.complete(body, restorer, _resend(self.wire, outgoing, self.headers)),
+                )
+            except UpstreamAnswered as answered:
+                response, body = answered.response, answered.body
+            self.ours["x-contextgate-restore"] = restorer.stats.header()
+        if response.is_success:
+            cause = self.done(usage, answer_id)
+            self.ours.pop(CACHE_BREAK_HEADER, None)
+            if cause is not None:
+                self.ours[CACHE_BREAK_HEADER] = cause
+        return Buffered(response, body, self.ours)
+
+    def done(self, usage: dict[str, Any] | None, answer_id: str | None) -> str | None:
+        """Judge and count the request's cache break with the usage it got back, note it
+        in the request's record and keep the conversation's; the break's cause."""
+        cause = note_cache_break(self.services.metrics, self.chat, usage)
+        record = self.call.record
+        record.answered, record.usage, record.cache_break = True, usage, cause
+        chat = self.chat
+        state = chat.result.state.answered(at=self.sent_at, usage=usage, answer_id=answer_id)
+        if self.restorer is not None:
+            state = state.with_restore_tool()
+        self.services.remember(chat.namespace, chat.conversation, state)
+        return cause
+
+
+def _resend(wire: Wire, outgoing: dict[str, Any], headers: Mapping[str, str]) -> Resend:
     async def resend(extra: list[dict[str, Any]]) -> bytes:
-        call = UpstreamCall.start(wire.upstream, outgoing, restore=True)
+        call = UpstreamCall.start(wire.upstream.provider, outgoing, restore=True)
         with call.current():
             response = await wire.send(wire.continued(outgoing, extra), headers)
             limit = None if response.is_success else wire.upstream.settings.max_error_body_bytes
@@ -270,9 +286,11 @@ def _resend(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> Re
     return resend
 
 
-def _resend_stream(wire: Wire, outgoing: dict[str, Any], headers: dict[str, str]) -> ResendStream:
+def _resend_stream(
+    wire: Wire, outgoing: dict[str, Any], headers: Mapping[str, str]
+) -> ResendStream:
     async def resend(extra: list[dict[str, Any]]) -> tuple[bytes, AsyncIterator[bytes]]:
-        call = UpstreamCall.start(wire.upstream, outgoing, restore=True)
+        call = UpstreamCall.start(wire.upstream.provider, outgoing, restore=True)
         with call.current():
             response = await wire.send(wire.continued(outgoing, extra), headers)
             if not is_event_stream(response):
@@ -313,39 +331,24 @@ class _Metered:
 
 class _Remembering:
     """``events`` relayed as they are; when the stream ends, however it ends (also when it
-    is closed before it started), the conversation's record is stored once, with the usage
-    ``tracker`` read from the upstream's first answer, and the events are closed, and so is
-    ``upstream``, the first answer's own events under them (``events`` may be a restore
-    loop around them that never started, and so would close nothing)."""
+    is closed before it started), the request's record and the conversation's are kept
+    once, with the usage ``tracker`` read from the upstream's first answer, and the events
+    are closed, and so is ``upstream``, the first answer's own events under them
+    (``events`` may be a restore loop around them that never started, and so would close
+    nothing)."""
 
-    __slots__ = (
-        "_chat",
-        "_done",
-        "_events",
-        "_gateway",
-        "_notes",
-        "_restore_tool",
-        "_sent_at",
-        "_tracker",
-        "_upstream",
-    )
+    __slots__ = ("_done", "_events", "_sent", "_tracker", "_upstream")
 
     def __init__(
         self,
-        gateway: Gateway,
-        chat: ChatRequest,
-        sent_at: float,
+        sent: _Sent,
         events: AsyncIterator[bytes],
         upstream: AsyncIterator[bytes],
-        restore_tool: bool,
         tracker: UsageTracker,
-        notes: dict[str, Any],
     ) -> None:
-        self._gateway, self._chat, self._sent_at = gateway, chat, sent_at
+        self._sent = sent
         self._events, self._upstream = events, upstream
-        self._restore_tool = restore_tool
         self._tracker = tracker
-        self._notes = notes
         self._done = False
 
     def __aiter__(self) -> _Remembering:
@@ -362,17 +365,7 @@ class _Remembering:
         if self._done:
             return
         self._done = True
-        usage = self._tracker.usage
-        cause = note_cache_break(self._gateway.metrics, self._chat, usage)
-        self._notes["usage"], self._notes["cache_break"] = usage, cause
-        _remember(
-            self._gateway,
-            self._chat,
-            self._sent_at,
-            usage,
-            self._tracker.answer_id,
-            self._restore_tool,
-        )
+        self._sent.done(self._tracker.usage, self._tracker.answer_id)
         with anyio.CancelScope(shield=True):
             for events in (self._events, self._upstream):
                 await close(events)

@@ -1,31 +1,38 @@
 """The upstream's side of an exchange (``gateway.context.exchange.Wire``), one per API.
 
-- ``ChatWire``: OpenAI chat completions, to an OpenAI-compatible upstream or to the built-in
-  Anthropic provider behind its OpenAI face (``AnthropicUpstream.send``). An inbound
+- ``ChatWire``: OpenAI chat completions, to an OpenAI-compatible upstream. An inbound
   Messages request sent this way has its Anthropic-only fields removed first
-  (``for_openai``) and always asks for the usage of its stream.
+  (``prepare``: ``openai_request``) and always asks for the usage of its stream.
 - ``MessagesWire``: the Anthropic Messages API natively (``AnthropicUpstream.send_messages``),
-  for Messages clients on ``claude-*`` models: the answer is Anthropic's own bytes.
+  for every request to Claude: a Messages client's (its own fields laid over the
+  pipeline's request, and its answer Anthropic's own bytes) and a chat client's (the
+  pipeline's request translated, and the answer translated back by the chat route).
+
+``chat_post`` makes the summarizer's calls (a chat request in, a chat completion out)
+over either.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
 import orjson
 
-from gateway.codecs.anthropic import usage_of
-from gateway.codecs.anthropic_answers import error_status
-from gateway.codecs.anthropic_inbound import to_request
-from gateway.context import restore, restore_messages
+from gateway.codecs.anthropic_envelopes import error_status
+from gateway.codecs.chat_anthropic import from_message, openai_error, to_messages, usage_of
+from gateway.context import restore
+from gateway.context.call import Target
 from gateway.context.restore import Resend, ResendStream, Restorer
+from gateway.context.restore import messages as restore_messages
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
-from gateway.providers.openai import ChatUpstream
+from gateway.providers.openai import ChatUpstream, json_answer
+from gateway.summaries.summarizer import ChatPost
 
-__all__ = ["ChatWire", "MessagesWire"]
+__all__ = ["ChatWire", "MessagesWire", "chat_post"]
 
 
 class ChatWire:
@@ -85,22 +92,19 @@ class ChatWire:
 
 
 class MessagesWire:
-    """The Anthropic Messages API on the wire, for one inbound Messages request: the
-    pipeline's chat request goes back to Messages form with the request's own
-    Anthropic-only fields (``native``) as they came."""
+    """The Anthropic Messages API on the wire: ``request`` makes the Messages request for
+    the pipeline's chat request (``to_request`` with a Messages client's own fields,
+    ``to_messages`` for a chat client's)."""
 
-    __slots__ = ("_default_max_tokens", "_native", "upstream")
+    __slots__ = ("request", "upstream")
 
     def __init__(
-        self, upstream: AnthropicUpstream, native: Mapping[str, Any], default_max_tokens: int
+        self,
+        upstream: AnthropicUpstream,
+        request: Callable[[Mapping[str, Any]], dict[str, Any]],
     ) -> None:
         self.upstream = upstream
-        self._native = native
-        self._default_max_tokens = default_max_tokens
-
-    def request(self, outgoing: Mapping[str, Any]) -> dict[str, Any]:
-        """The Messages request for the pipeline's ``outgoing`` chat request."""
-        return to_request(outgoing, self._native, default_max_tokens=self._default_max_tokens)
+        self.request = request
 
     def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
         return orjson.dumps(self.request(outgoing))
@@ -233,3 +237,30 @@ def _with_writes(usage: Mapping[str, Any]) -> dict[str, Any]:
     written = usage.get("cache_creation_input_tokens")
     converted["cache_creation_input_tokens"] = written if isinstance(written, int) else 0
     return converted
+
+
+def chat_post(target: Target, default_max_tokens: int) -> ChatPost:
+    """The summarizer's calls to ``target``: a chat completions request there, or its
+    Messages translation to Claude (``default_max_tokens`` when it sets none), with the
+    answer made a chat completion and an error put in OpenAI's envelope."""
+    provider, headers = target.provider, {**target.headers, "content-type": "application/json"}
+
+    async def post(body: dict[str, Any]) -> tuple[int, bytes]:
+        if not isinstance(provider, AnthropicUpstream):
+            content = orjson.dumps(body)
+            response = await provider.send(
+                "POST", "chat/completions", headers=headers, content=content
+            )
+            return response.status_code, await provider.read_body(response, _limit(response))
+        request = to_messages(body, default_max_tokens=default_max_tokens)
+        response = await provider.send_messages(orjson.dumps(request), headers)
+        answer = await provider.read_body(response, _limit(response))
+        if not response.is_success:
+            return response.status_code, openai_error(response.status_code, answer)
+        message = json_answer(answer, "a message", listing="content")
+        return 200, orjson.dumps(from_message(message, created=int(time.time())))
+
+    def _limit(response: httpx.Response) -> int | None:
+        return None if response.is_success else provider.settings.max_error_body_bytes
+
+    return post

@@ -1,27 +1,13 @@
 """The request middleware: per request, its metrics and one JSON access-log line.
 
 ``AccessLog`` wraps the whole application (``create_app``; a tracing middleware may wrap
-it in turn). Before the app runs it gives the request its id, which the routes send back
-as ``x-contextgate-request-id``; it watches the response go out (its status, and the start
-of an error body); and when the app returns, which is after the last byte of a streamed
-body, it records the request's metrics (``gateway.telemetry.metrics``) and writes one line to the
+it in turn). Before the app runs it gives the request its record
+(``gateway.context.record.RequestRecord``: its id, which the routes send back as
+``x-contextgate-request-id``, and what the admission, the route and the exchange learn
+about it on the way); it watches the response go out (its status, and the start of an
+error body); and when the app returns, which is after the last byte of a streamed body,
+it records the request's metrics (``gateway.telemetry.metrics``) and writes one line to the
 ``contextgate.access`` logger (fields in ``docs/OBSERVABILITY.md``).
-
-What only the handlers know, they leave in the request's state (``scope["state"]``, which
-is Litestar's ``request.state``):
-
-=============  ===================  ====================================================
-key            set by               what
-=============  ===================  ====================================================
-request_id     here                 the request's id
-caller         gateway.admission    the caller (``gateway.tenancy.auth.Caller``): its tenant
-body           gateway.compaction   the chat request as parsed (model, stream, messages)
-body           gateway.passthrough  a relayed JSON body's model and stream
-report         gateway.exchange     the pipeline's report of the request as sent upstream
-attempts       gateway.exchange     upstream attempts (context-overflow retries included)
-usage          gateway.exchange     the upstream's usage, once it answered with success
-cache_break    gateway.exchange     the cache break judged with that usage, if any
-=============  ===================  ====================================================
 
 The store counts its own failures in the request's ``REQUEST_FAILURES``. The middleware
 keeps nothing per request on itself.
@@ -31,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import orjson
 from litestar.enums import ScopeType
@@ -39,13 +25,11 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
+from gateway.context.record import RECORD, RequestRecord, new_request_id
 from gateway.http.headers import summary_header, summary_path
-from gateway.runtime import new_request_id
 from gateway.store.redis import REQUEST_FAILURES
-from gateway.telemetry.metrics import TOKEN_KINDS, ModelLabels, usage_counts
-
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+from gateway.telemetry.metrics import TOKEN_KINDS, Metrics, ModelLabels, usage_counts
+from pipelines import ModelCatalog
 
 __all__ = ["AccessLog"]
 
@@ -66,20 +50,28 @@ class AccessLog:
 
     __slots__ = ("_log_prompts", "_metrics", "_models", "_tenanted", "app")
 
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        catalog: ModelCatalog,
+        *,
+        tenanted: bool,
+        log_prompts: bool,
+    ) -> None:
         self.app = app
-        self._metrics = gateway.metrics
-        self._models = ModelLabels(gateway.pipeline.catalog)
-        self._tenanted = bool(gateway.tenants)
-        self._log_prompts = gateway.settings.log_prompts
+        self._metrics = metrics
+        self._models = ModelLabels(catalog)
+        self._tenanted = tenanted
+        self._log_prompts = log_prompts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
         started = perf_counter()
-        state = scope["state"]
-        state["request_id"] = new_request_id()
+        record = RequestRecord(new_request_id())
+        scope.setdefault("state", {})[RECORD] = record
         response = _Response(send, trace.get_current_span().get_span_context())
         failures = [0]
         token = REQUEST_FAILURES.set(failures)
@@ -94,32 +86,31 @@ class AccessLog:
             REQUEST_FAILURES.reset(token)
             self._metrics.in_flight.dec()
             try:
-                self._done(scope, response, perf_counter() - started, failures[0], escaped)
+                self._done(scope, record, response, perf_counter() - started, failures[0], escaped)
             except Exception:  # the answer has gone out: a bug here must not touch it
                 log.exception("recording the request failed")
 
     def _done(
         self,
         scope: Scope,
+        record: RequestRecord,
         response: _Response,
         seconds: float,
         store_failures: int,
         escaped: BaseException | None,
     ) -> None:
-        state = scope["state"]
         status = response.status or 500  # uvicorn answers 500 when the app sent nothing
         route = scope.get("path_template") or UNMATCHED
-        caller = state.get("caller")
+        caller = record.caller
         if not self._tenanted:
             tenant = "passthrough"
         elif caller is None:  # refused before the caller was known
             tenant = ""
         else:
-            tenant = caller.tenant
-        body = state.get("body")
-        model = body.get("model") if isinstance(body, dict) else None
-        label = self._models(model, answered="usage" in state)
-        report, usage = state.get("report"), state.get("usage")
+            tenant = caller.tenant or ""
+        model = record.model
+        label = self._models(model, answered=record.answered)
+        report, usage = record.report, record.usage
         error = _error_of(response.error_body) if response.error_body is not None else None
         probe = route in PROBES
 
@@ -134,7 +125,7 @@ class AccessLog:
         level = logging.DEBUG if probe else logging.INFO
         if not log.isEnabledFor(level):
             return
-        line: dict[str, Any] = {"request_id": state.get("request_id")}
+        line: dict[str, Any] = {"request_id": record.request_id}
         span = response.span
         if span.is_valid:
             line["trace_id"] = f"{span.trace_id:032x}"
@@ -145,31 +136,31 @@ class AccessLog:
         line["status"] = status
         line["duration_ms"] = round(seconds * 1000, 3)
         line["tenant"] = tenant or None
-        if isinstance(model, str):
+        if model is not None:
             line["model"] = model[:_FIELD_CHARS]
-        if isinstance(body, dict):
-            line["stream"] = body.get("stream") is True
+        if record.stream is not None:
+            line["stream"] = record.stream
         if report is not None:
             line["tokens_before"] = report.tokens_before
             line["tokens_after"] = report.tokens_after
-            line["attempts"] = state.get("attempts")
+            line["attempts"] = record.attempts
             summary = summary_header(report)
             if summary:
                 line["summary"] = summary
         if usage:
             line["upstream_tokens"] = dict(zip(TOKEN_KINDS, usage_counts(usage), strict=True))
-        if state.get("cache_break") is not None:
-            line["cache_break"] = state["cache_break"]
+        if record.cache_break is not None:
+            line["cache_break"] = record.cache_break
         if store_failures:
             line["store_failures"] = store_failures
         if error is not None:
             line["error_type"], line["error_code"] = error
         if escaped is not None:
             line["error_type"] = type(escaped).__name__
-        if state.get("drained"):
-            line["drained"] = True  # ended by the shutdown deadline (gateway.drain)
-        if self._log_prompts and isinstance(body, dict):
-            line["messages"] = body.get("messages")
+        if record.drained:
+            line["drained"] = True  # ended by the shutdown deadline (gateway.edge.drain)
+        if self._log_prompts and record.stream is not None:
+            line["messages"] = record.messages
         log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})
 
 

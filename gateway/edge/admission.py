@@ -21,45 +21,64 @@ from litestar.enums import ScopeType
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from gateway.context.record import record_of
+from gateway.edge.overload import Shedder
 from gateway.errors import HeadersTooLarge
 from gateway.http.responses import send_error
-from gateway.runtime import Gateway
+from gateway.store import Stores
 from gateway.store.redis import namespace_id
 from gateway.tenancy.auth import identify
+from gateway.tenancy.limits import Limiter
+from gateway.tenancy.tenants import Tenants
 
 __all__ = ["Admission"]
 
 
 class Admission(ASGIMiddleware):
+    """Built with the parts it consults: the process's shedder, the tenants and stores that
+    identify a caller, the limiter, and the largest headers accepted."""
+
     scopes = (ScopeType.HTTP,)
     exclude_opt_key = "public"
 
+    def __init__(
+        self,
+        shedder: Shedder,
+        tenants: Tenants,
+        stores: Stores,
+        limiter: Limiter,
+        *,
+        max_header_bytes: int,
+    ) -> None:
+        self.shedder, self.tenants, self.stores, self.limiter = shedder, tenants, stores, limiter
+        self.max_header_bytes = max_header_bytes
+
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
-        gateway: Gateway = scope["litestar_app"].state.gateway
-        shedder = gateway.shedder
-        refusal = shedder.admit()
+        refusal = self.shedder.admit()
         if refusal is not None:
             # Answered here, not through Litestar's exception handlers: there a refusal
             # cost about half a small request, too much when the point is to save work.
-            await send_error(scope, send, refusal)
+            record = record_of(scope.get("state", {}))
+            await send_error(scope, send, refusal, record.request_id if record else None)
             return
         try:
-            await self._admit_caller(gateway, scope, receive, send, next_app)
+            await self._admit_caller(scope, receive, send, next_app)
         finally:
-            shedder.release()
+            self.shedder.release()
 
-    @staticmethod
     async def _admit_caller(
-        gateway: Gateway, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp
+        self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp
     ) -> None:
-        limit = gateway.settings.max_header_bytes
+        limit = self.max_header_bytes
         if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
             raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")
-        caller = await identify(gateway, Headers.from_scope(scope))
-        scope.setdefault("state", {})["caller"] = caller
+        caller = await identify(self.tenants, self.stores, Headers.from_scope(scope))
+        record = record_of(scope.get("state", {}))
+        if record is not None:
+            record.caller = caller
         tenant = caller.tenant
         key = "t:" + tenant if tenant is not None else namespace_id(caller.namespace)
-        lease = await gateway.limiter.admit(key, tenant or "passthrough", caller.profile.limits)
+        lease = await self.limiter.admit(key, tenant or "passthrough", caller.profile.limits)
         try:
             await next_app(scope, receive, send)
         finally:

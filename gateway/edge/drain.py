@@ -29,6 +29,7 @@ import uvicorn
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.context.record import record_of
 from gateway.edge.accept import EagerAccept
 from gateway.edge.overload import Shedder
 from gateway.errors import ShuttingDown
@@ -120,14 +121,16 @@ class Drain:
             await self.app(scope, receive, response.send)
         if not cancel.cancelled_caught or response.finished:
             return
-        scope["state"]["drained"] = True
+        record = record_of(scope.get("state", {}))
+        if record is not None:
+            record.drained = True
         error = ShuttingDown(
             "The gateway is shutting down and could not finish this request in time;"
             " send it again.",
             headers={"retry-after": "1"},
         )
         if not response.started:
-            await send_error(scope, send, error)
+            await send_error(scope, send, error, record.request_id if record else None)
         elif response.event_stream:
             anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
             event = anthropic_error_event(error) if anthropic else openai_error_event(error)

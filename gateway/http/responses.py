@@ -27,12 +27,14 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Message, Receive, Scope, Send
 
-from gateway.codecs.anthropic_answers import error_body
+from gateway.codecs.anthropic_envelopes import error_body
 from gateway.errors import GatewayError, UpstreamStreamBroken, envelope_of
+from gateway.http.forwarding import relayable_response_headers
 from gateway.http.sse import KEEPALIVE, close, error_event
-from gateway.providers.openai import relayable_response_headers
 
 __all__ = [
+    "ErrorEvent",
+    "Pick",
     "RelayStream",
     "anthropic_error_event",
     "buffered_response",
@@ -169,14 +171,27 @@ async def _relay(
             await close(events)
 
 
+Pick = Callable[[int, list[tuple[str, str]]], list[tuple[str, str]]]
+"""Which of an upstream answer's relayable headers the client gets, given the status sent
+(an answer translated for another API keeps only some)."""
+
+
 def buffered_response(
-    response: httpx.Response, body: bytes, headers: dict[str, str], status: int | None = None
+    response: httpx.Response,
+    body: bytes,
+    headers: dict[str, str],
+    status: int | None = None,
+    *,
+    pick: Pick | None = None,
 ) -> ASGIResponse:
     """An upstream response, already read, relayed with its status (or ``status``) and
-    headers; a body that replaces a stream is JSON."""
+    headers (``pick``'s choice of them); a body that replaces a stream is JSON."""
+    upstream = relayable_response_headers(response.headers)
+    if pick is not None:
+        upstream = pick(status or response.status_code, upstream)
     relayed: list[tuple[str, str]] = [
         (name, value)
-        for name, value in relayable_response_headers(response.headers)
+        for name, value in upstream
         if status is None or name.lower() != "content-type"
     ]
     if status is not None:
@@ -194,11 +209,14 @@ def streamed_response(
     error: ErrorEvent = openai_error_event,
     *,
     keepalive: float,
+    pick: Pick | None = None,
 ) -> ASGIResponse:
     """The upstream's stream relayed: ``first``, then the rest of ``events``; a failure on
     the way ends it with ``error``'s terminal event; a comment every ``keepalive`` seconds
-    of silence (0: none)."""
-    relayed: list[tuple[str, str]] = [*relayable_response_headers(response.headers)]
+    of silence (0: none); the upstream's headers, or ``pick``'s choice of them."""
+    relayed = relayable_response_headers(response.headers)
+    if pick is not None:
+        relayed = pick(response.status_code, relayed)
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
     return RelayStream(
@@ -224,14 +242,13 @@ ANTHROPIC_ROUTES = "/v1/messages"
 """Routes of the Anthropic API: their errors use Anthropic's envelope."""
 
 
-async def send_error(scope: Scope, send: Send, error: GatewayError) -> None:
+async def send_error(scope: Scope, send: Send, error: GatewayError, request_id: str | None) -> None:
     """Answer ``error`` straight on the ASGI ``send``, in the envelope of the request's
     route, for the middlewares that answer before (or after) Litestar's handlers."""
     anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
     body = error_body(error.status, error.message) if anthropic else envelope_of(error)
     headers = [(b"content-type", b"application/json")]
     headers += [(name.encode(), value.encode()) for name, value in (error.headers or {}).items()]
-    request_id = scope.get("state", {}).get("request_id")
     if request_id:
         headers.append((b"x-contextgate-request-id", request_id.encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})

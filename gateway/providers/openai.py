@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
 import httpx
 import orjson
 
-from gateway.config.settings import UpstreamSettings
+from gateway.config import UpstreamSettings
 from gateway.errors import (
     UpstreamInvalidAnswer,
     UpstreamStreamBroken,
@@ -28,45 +28,15 @@ from gateway.http.sse import sse_events
 from gateway.telemetry.tracing import traced_transport
 
 __all__ = [
-    "HOP_BY_HOP",
     "OVERFLOW_PHRASES",
     "ChatUpstream",
+    "Provider",
     "ResponseReading",
     "Upstream",
     "is_context_overflow",
     "json_answer",
     "redacted",
-    "relayable_response_headers",
-    "upstream_request_headers",
 ]
-
-HOP_BY_HOP: Final = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-_NOT_FORWARDED: Final = HOP_BY_HOP | {
-    "host",
-    "content-length",
-    "accept-encoding",
-    "cookie",
-    "expect",
-}
-_NOT_RELAYED: Final = HOP_BY_HOP | {
-    "content-length",
-    "content-encoding",
-    "date",
-    "server",
-    "set-cookie",
-}
 
 
 def redacted(body: bytes, key: str | None) -> bytes:
@@ -85,39 +55,9 @@ def _sent_key(response: httpx.Response) -> str | None:
     return value[7:].strip() if value[:7].lower() == "bearer " else value.strip()
 
 
-def upstream_request_headers(
-    client_headers: Iterable[tuple[str, str]], api_key: str | None
-) -> dict[str, str]:
-    """The client's headers minus hop-by-hop and gateway ones; the configured key, if any,
-    replaces the caller's ``Authorization``. Without one, a caller presenting its key only
-    as ``x-api-key`` (Anthropic's SDK) has it sent as ``Authorization: Bearer``, the header
-    OpenAI-compatible upstreams read (and ``gateway.providers.anthropic`` reads either)."""
-    headers: dict[str, str] = {}
-    for name, value in client_headers:
-        lower = name.lower()
-        if lower in _NOT_FORWARDED or lower.startswith("x-contextgate-"):
-            continue
-        headers[lower] = value
-    if api_key is None and "authorization" not in headers:
-        api_key = headers.get("x-api-key") or None
-    if api_key is not None:
-        headers["authorization"] = f"Bearer {api_key}"
-        headers.pop("x-api-key", None)
-    return headers
-
-
-def relayable_response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
-    """The upstream's response headers that make sense to relay to the client."""
-    return [
-        (name, value)
-        for name, value in headers.multi_items()
-        if name.lower() not in _NOT_RELAYED and not name.lower().startswith("x-contextgate-")
-    ]
-
-
-class ChatUpstream(Protocol):
-    """What the chat route sends a chat request to: an OpenAI-compatible upstream, or a
-    provider translating to its own API (``gateway.providers.anthropic``)."""
+class Provider(Protocol):
+    """An upstream a request is sent to, as the exchange reads its answers: the
+    OpenAI-compatible ``Upstream`` or Anthropic's (``gateway.providers.anthropic``)."""
 
     settings: UpstreamSettings
 
@@ -126,6 +66,14 @@ class ChatUpstream(Protocol):
         """Who answers, for metrics and spans: ``openai`` (any OpenAI-compatible server)
         or ``anthropic``."""
         ...
+
+    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes: ...
+
+    def events(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
+
+
+class ChatUpstream(Provider, Protocol):
+    """An upstream taking OpenAI's API by path: chat completions and the routes relayed."""
 
     async def send(
         self,
@@ -136,10 +84,6 @@ class ChatUpstream(Protocol):
         content: bytes | None = None,
         params: Mapping[str, str] | None = None,
     ) -> httpx.Response: ...
-
-    async def read_body(self, response: httpx.Response, limit: int | None = None) -> bytes: ...
-
-    def events(self, response: httpx.Response) -> AsyncIterator[bytes]: ...
 
 
 class ResponseReading:

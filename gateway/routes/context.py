@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any
 
 import orjson
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.context.compaction import compact_request
+from gateway.codecs.openai import parse_chat_request
+from gateway.context.compaction import compact
 from gateway.http.headers import report_headers
+from gateway.routes.calls import body_of, call_of, runtime_of
 
 __all__ = ["compact_dry_run"]
 
@@ -18,8 +21,9 @@ __all__ = ["compact_dry_run"]
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>,
     "policy": <the policy it ran under, every key resolved>}``."""
-    request_id = request.state.request_id
-    chat = await compact_request(request, dry_run=True)
+    call = call_of(request, perf_counter())
+    raw = await body_of(request)
+    chat = await compact(runtime_of(request), call, parse_chat_request(raw), raw=raw, dry_run=True)
     result = chat.result
     body = orjson.dumps(
         {
@@ -28,5 +32,5 @@ async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
             "policy": chat.policy.as_wire(),
         }
     )
-    headers = report_headers(request_id, result.report, result.report.ms)
+    headers = report_headers(call.request_id, result.report, result.report.ms)
     return ASGIResponse(body=body, media_type="application/json", headers=headers)

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.runtime import Gateway
+from gateway.routes.calls import runtime_of
 
 __all__ = ["healthz", "readyz"]
 
@@ -26,7 +26,7 @@ async def readyz(request: Request[Any, Any, Any]) -> ASGIResponse:
     ``degraded`` (it still serves, keeping content rather than offloading it), not unready.
     ``store_failures`` counts store operations that failed since start. Once shutdown has
     begun the answer is 503 ``draining``, so that load balancers stop sending requests."""
-    gateway: Gateway = request.app.state.gateway
+    gateway = runtime_of(request)
     if gateway.draining.started:
         return ASGIResponse(body=b'{"status":"draining"}', status_code=503, media_type=_JSON)
     store = await gateway.stores.status()

@@ -2,7 +2,7 @@
 inbound, so the anthropic SDK and Claude-Code-style agents work with ``base_url`` alone.
 
 The request is read as a Messages request, turned into the chat request the pipeline works
-on (``gateway.codecs.anthropic_inbound``), compacted like any other, then sent on:
+on (``gateway.codecs.messages``), compacted like any other, then sent on:
 
 - to the built-in Anthropic provider (``claude-*`` models), natively: the pipeline's
   request goes back to Messages form with the client's own Anthropic-only fields, and the
@@ -17,7 +17,7 @@ Errors, the gateway's own and relayed ones, use Anthropic's envelope
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from time import perf_counter
 from typing import Any, Final
 
@@ -27,34 +27,30 @@ from anthropic.types.beta import MessageCountTokensParams as BetaCountTokensPara
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.codecs.anthropic import (
+from gateway.codecs.chat_anthropic import (
     THINKING_BINDING_BETA,
     sends_thinking,
     unbinding,
     with_beta,
 )
-from gateway.codecs.anthropic_inbound import (
+from gateway.codecs.messages import parse_request, to_request
+from gateway.codecs.messages_openai import (
     EventTranslator,
     error_from_openai,
     message_of,
     openai_request,
-    parse_request,
-    to_request,
 )
-from gateway.context.compaction import (
-    ChatRequest,
-    compact_request,
-    refuse_upstream_choice,
-    request_body,
-)
-from gateway.context.exchange import Buffered, exchange
+from gateway.context.answer import answer
+from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.headers import report_headers
-from gateway.http.responses import anthropic_error_event, buffered_response, streamed_response
+from gateway.http.responses import anthropic_error_event, buffered_response
 from gateway.http.sse import event_data
-from gateway.providers.openai import json_answer, upstream_request_headers
-from gateway.runtime import Gateway
+from gateway.providers.anthropic import AnthropicUpstream
+from gateway.providers.openai import json_answer
+from gateway.routes.answers import Translation, respond
+from gateway.routes.calls import body_of, call_of, runtime_of
 
 __all__ = ["count_tokens", "messages"]
 
@@ -72,69 +68,36 @@ a top-level ``cache_control``, ...) is not dropped. The SDK sends ``betas`` as a
 @post("/v1/messages", status_code=200)
 async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Anthropic Messages, streamed or not, through the context pipeline."""
-    started = perf_counter()
-    gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id
-    raw = await request_body(request)
-    inbound = parse_request(raw)
+    call = call_of(request, perf_counter())
+    gateway = runtime_of(request)
+    inbound = parse_request(await body_of(request))
     refuse_upstream_choice(inbound.native)
-    chat = await compact_request(request, body=inbound.chat)
-    model = str(inbound.chat.get("model", ""))
-    headers = upstream_request_headers(
-        request.headers.items(), gateway.upstream_key(chat.caller, model)
-    )
-    upstream = gateway.upstream_for(model)
-    if upstream is gateway.anthropic:
-        info = gateway.pipeline.catalog.lookup(model)
-        native = inbound.native
-        if info.thinking_bound and chat.rewritten:
-            native, headers = _unbound(native, headers, chat)
-        answer = await exchange(
-            request,
-            chat,
-            MessagesWire(gateway.anthropic, native, info.output_reserve),
-            headers,
-            request_id=request_id,
-            started=started,
+    chat = await compact(gateway, call, inbound.chat)
+    target = chat.target
+    assert target is not None  # not a dry run
+    keepalive = gateway.settings.stream_keepalive
+    anthropic = target.provider
+    if not isinstance(anthropic, AnthropicUpstream):
+        wire = ChatWire(anthropic, openai_request)
+        got = await answer(gateway, call, chat, wire, target.headers)
+        translation = _from_openai(_answer_ids(chat))
+        return respond(
+            got,
+            call.request_id,
+            keepalive=keepalive,
+            error=anthropic_error_event,
+            translation=translation,
         )
-        if isinstance(answer, Buffered):
-            return buffered_response(answer.response, answer.body, answer.headers, answer.status)
-        return streamed_response(
-            answer.response,
-            answer.first,
-            answer.events,
-            answer.headers,
-            request_id,
-            anthropic_error_event,
-            keepalive=gateway.settings.stream_keepalive,
-        )
-    headers["content-type"] = "application/json"
-    answer = await exchange(
-        request,
-        chat,
-        ChatWire(upstream, openai_request),
-        headers,
-        request_id=request_id,
-        started=started,
-    )
-    if isinstance(answer, Buffered):
-        status = answer.status or answer.response.status_code
-        if 200 <= status < 300:
-            completion = json_answer(answer.body, "a chat completion")
-            body = orjson.dumps(message_of(completion, _answer_ids(chat)))
-        else:
-            body = error_from_openai(status, answer.body)
-        return buffered_response(answer.response, body, answer.headers, status)
-    events = _translated(answer.first, answer.events, _answer_ids(chat))
-    return streamed_response(
-        answer.response,
-        b"",
-        events,
-        answer.headers,
-        request_id,
-        anthropic_error_event,
-        keepalive=gateway.settings.stream_keepalive,
-    )
+    info = gateway.pipeline.catalog.lookup(target.model)
+    native, headers = inbound.native, target.headers
+    if info.thinking_bound and chat.rewritten:
+        native, headers = _unbound(native, headers, chat)
+
+    def request_for(outgoing: Mapping[str, Any]) -> dict[str, Any]:
+        return to_request(outgoing, native, default_max_tokens=info.output_reserve)
+
+    got = await answer(gateway, call, chat, MessagesWire(anthropic, request_for), headers)
+    return respond(got, call.request_id, keepalive=keepalive, error=anthropic_error_event)
 
 
 @post("/v1/messages/count_tokens", status_code=200)
@@ -142,29 +105,43 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The input tokens of a Messages request as the gateway would send it (compacted, no
     summary model asked, with the restore tool when it would carry it): Anthropic's own
     count for ``claude-*`` models, the gateway's for the others."""
-    gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id
-    raw = await request_body(request)
-    inbound = parse_request(raw, counting=True)
-    chat = await compact_request(request, dry_run=True, body=inbound.chat)
+    call = call_of(request, perf_counter())
+    gateway = runtime_of(request)
+    inbound = parse_request(await body_of(request), counting=True)
+    chat = await compact(gateway, call, inbound.chat, dry_run=True)
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
-    ours = report_headers(request_id, report, report.ms)
-    outgoing = chat.result.request
-    if gateway.upstream_for(model) is gateway.anthropic:
-        headers = upstream_request_headers(
-            request.headers.items(), gateway.upstream_key(chat.caller, model)
-        )
-        native = inbound.native
-        if gateway.pipeline.catalog.lookup(model).thinking_bound and chat.rewritten:
-            native, headers = _unbound(native, headers, chat)
-        messages = to_request(outgoing, native, default_max_tokens=1)
-        counted = {k: v for k, v in messages.items() if k in _COUNTED}
-        response = await gateway.anthropic.count_tokens(orjson.dumps(counted), headers)
-        body = await gateway.anthropic.read_body(response)
-        return buffered_response(response, body, ours)
-    body = orjson.dumps({"input_tokens": report.tokens_after})
-    return ASGIResponse(body=body, media_type="application/json", headers=ours)
+    ours = report_headers(call.request_id, report, report.ms)
+    if not isinstance(gateway.upstream_for(model), AnthropicUpstream):
+        body = orjson.dumps({"input_tokens": report.tokens_after})
+        return ASGIResponse(body=body, media_type="application/json", headers=ours)
+    target = gateway.target(call.caller, model, call.headers)
+    anthropic = target.provider
+    assert isinstance(anthropic, AnthropicUpstream)
+    native, headers = inbound.native, target.headers
+    if gateway.pipeline.catalog.lookup(model).thinking_bound and chat.rewritten:
+        native, headers = _unbound(native, headers, chat)
+    messages = to_request(chat.result.request, native, default_max_tokens=1)
+    counted = {k: v for k, v in messages.items() if k in _COUNTED}
+    response = await anthropic.count_tokens(orjson.dumps(counted), headers)
+    return buffered_response(response, await anthropic.read_body(response), ours)
+
+
+def _from_openai(seen: tuple[str, ...]) -> Translation:
+    """An OpenAI-compatible model's answers as a Messages client takes them: a completion
+    as a message (its id its own when ``seen`` had the upstream's), chunks as events, an
+    error in Anthropic's envelope."""
+
+    def body(status: int, data: bytes) -> bytes:
+        if not 200 <= status < 300:
+            return error_from_openai(status, data)
+        completion = json_answer(data, "a chat completion")
+        return orjson.dumps(message_of(completion, seen))
+
+    def events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return _translated(first, rest, seen)
+
+    return Translation(body, events)
 
 
 def _unbound(

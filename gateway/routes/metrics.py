@@ -10,7 +10,7 @@ from litestar import Request, get
 from litestar.response.base import ASGIResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.runtime import Gateway
+from gateway.routes.calls import runtime_of
 
 __all__ = ["metrics"]
 
@@ -18,6 +18,6 @@ __all__ = ["metrics"]
 @get("/metrics", sync_to_thread=False, opt={"public": True})
 def metrics(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The metrics in Prometheus' text format."""
-    gateway: Gateway = request.app.state.gateway
+    gateway = runtime_of(request)
     body = generate_latest(gateway.metrics.registry)
     return ASGIResponse(body=body, headers={"content-type": CONTENT_TYPE_LATEST})

@@ -11,11 +11,11 @@ from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
 from gateway.http.client import while_connected
+from gateway.http.forwarding import upstream_request_headers
 from gateway.http.headers import report_headers
 from gateway.http.responses import buffered_response
-from gateway.providers.openai import json_answer, upstream_request_headers
-from gateway.runtime import Gateway
-from gateway.tenancy.auth import caller_of
+from gateway.providers.openai import json_answer
+from gateway.routes.calls import caller_of, record_of, runtime_of
 from gateway.tenancy.tenants import Profile
 
 __all__ = ["list_models"]
@@ -25,8 +25,8 @@ __all__ = ["list_models"]
 async def list_models(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The models the caller may use (in passthrough mode: what the upstream lists)."""
     started = perf_counter()
-    gateway: Gateway = request.app.state.gateway
-    request_id = request.state.request_id
+    gateway = runtime_of(request)
+    request_id = record_of(request).request_id
     caller = caller_of(request)
     headers = upstream_request_headers(request.headers.items(), caller.upstream_key)
     own_ms = (perf_counter() - started) * 1000

@@ -15,9 +15,8 @@ from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
 from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.runtime import Gateway
+from gateway.routes.calls import caller_of, record_of, runtime_of
 from gateway.store import REF_PATTERN
-from gateway.tenancy.auth import caller_of
 from pipelines import StoreError
 
 __all__ = ["get_object", "line_range"]
@@ -38,8 +37,8 @@ class StoreUnavailable(GatewayError):
 @get("/v1/context/objects/{ref:str}")
 async def get_object(request: Request[Any, Any, Any]) -> ASGIResponse:
     ref: str = request.path_params["ref"]
-    request_id = request.state.request_id
-    gateway: Gateway = request.app.state.gateway
+    request_id = record_of(request).request_id
+    gateway = runtime_of(request)
     namespace = caller_of(request).namespace
     start = _line_param(request.query_params.get("start_line"), "start_line")
     end = _line_param(request.query_params.get("end_line"), "end_line")

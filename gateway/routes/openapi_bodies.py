@@ -1,7 +1,7 @@
 """JSON Schemas of what the gateway's POST routes accept, for its OpenAPI document.
 
 They are compact, and no looser than the codecs (``gateway/codecs/openai.py``,
-``anthropic_checks.py``): a body they call valid is not refused for its shape. Fields the
+``messages/checks.py``): a body they call valid is not refused for its shape. Fields the
 codecs do not read are forwarded, so the objects stay open (``additionalProperties``), and
 the fields with which other gateways let a request choose its upstream are absent by
 schema as they are refused by the gateway.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.codecs.anthropic import OPENAI_PARTS
-from gateway.codecs.anthropic_checks import ROLES, THINKING_KINDS, TURN_BLOCKS
+from gateway.codecs.chat_anthropic import OPENAI_PARTS
+from gateway.codecs.messages import ROLES, THINKING_KINDS, TURN_BLOCKS
 from gateway.context.compaction import UPSTREAM_CHOICES
 
 __all__ = ["SCHEMAS"]

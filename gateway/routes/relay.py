@@ -43,8 +43,9 @@ from litestar.types import Receive, Send
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from gateway.config.settings import Settings
+from gateway.config import Settings
 from gateway.context.compaction import refuse_upstream_choice
+from gateway.context.record import RequestRecord
 from gateway.errors import (
     ClientDisconnected,
     Forbidden,
@@ -54,12 +55,14 @@ from gateway.errors import (
     RequestTimeout,
 )
 from gateway.http.client import read_body, while_connected
+from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
 from gateway.http.headers import report_headers
 from gateway.http.responses import buffered_response
 from gateway.http.sse import close
-from gateway.providers.openai import HOP_BY_HOP, Upstream, upstream_request_headers
+from gateway.providers.openai import Upstream
+from gateway.routes.calls import caller_of, record_of, runtime_of
 from gateway.runtime import Gateway
-from gateway.tenancy.auth import Caller, caller_of
+from gateway.tenancy.auth import Caller
 
 __all__ = ["RESOURCES", "relay", "route_label", "upstream_target"]
 
@@ -174,7 +177,8 @@ def _too_large(limit: int) -> str:
 async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Relay ``request`` to its upstream and its answer back (the module's docstring)."""
     started = perf_counter()
-    gateway: Gateway = request.app.state.gateway
+    gateway = runtime_of(request)
+    record = record_of(request)
     scope = request.scope
     path: str = scope["path"]
     raw_path: bytes = scope.get("raw_path") or path.encode()
@@ -189,7 +193,7 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
     caller = caller_of(request)
     headers = request.headers
     length = headers.get("content-length")
-    content, model = await _body_of(request, gateway.settings)
+    content, model = await _body_of(request, gateway.settings, record)
     if model is None and path.startswith("/v1/models/"):
         model = path.removeprefix("/v1/models/")
     upstream = _upstream_for(gateway, caller, model)
@@ -211,7 +215,7 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
         _end(span)  # cancelled: the client left or the drain ended it, the upstream did not fail
         raise
     span.set_attribute("http.response.status_code", response.status_code)
-    ours = report_headers(request.state.request_id, None, own_ms)
+    ours = report_headers(record.request_id, None, own_ms)
     if not response.is_success:
         _end(span, failure=str(response.status_code))
         body = await while_connected(
@@ -222,10 +226,11 @@ async def relay(request: Request[Any, Any, Any]) -> ASGIResponse:
 
 
 async def _body_of(
-    request: Request[Any, Any, Any], settings: Settings
+    request: Request[Any, Any, Any], settings: Settings, record: RequestRecord
 ) -> tuple[bytes | _StreamedBody | None, str | None]:
     """The body to send on (``None``: the request has none) and the model it names. A
-    JSON body is read whole, for its ``model``; any other streams, within its limit."""
+    JSON body is read whole, for its ``model`` (noted in ``record`` with whether it asks
+    for a stream); any other streams, within its limit."""
     headers = request.headers
     media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
     length = headers.get("content-length")
@@ -236,7 +241,7 @@ async def _body_of(
         fields = _fields_of(body)
         if fields is None:
             return body, None
-        request.state.body = fields  # the access log's model and stream, the metrics' model
+        record.read(fields)  # the access log's model and stream, the metrics' model
         return body, fields["model"]
     if length in (None, "0") and "transfer-encoding" not in headers:
         return None, None

@@ -52,7 +52,7 @@ from typing import Any, Final, TypeVar
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.config.settings import StoreSettings
+from gateway.config import StoreSettings
 from gateway.store.refs import make_ref
 from gateway.store.topologies import RedisClient, RedisTopology, connect
 from gateway.telemetry.tracing import trace_redis

@@ -17,7 +17,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from gateway.config.settings import Settings
+from gateway.config import Settings
 from gateway.store.conversations import ConversationRecords, MemoryConversations
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisBackend, RedisConversations, RedisStore

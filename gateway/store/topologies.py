@@ -1,17 +1,6 @@
-"""How the gateway reaches Redis, read from ``redis_url``: one server, a primary found
-through Sentinel, or a Redis Cluster (Valkey too).
-
-URL forms (``rediss`` instead of ``redis`` for TLS throughout):
-
-- ``redis://[[user]:password@]host[:port][/db]``: one server, as redis-py reads it
-  (``unix://`` too).
-- ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/<service>[/<db>]``:
-  the sentinels (port 26379 unless given) and the name they monitor the primary under.
-  The credentials are the primary's; sentinels that require a password of their own get
-  it from ``?sentinel_password=...``.
-- ``redis+cluster://[[user]:password@]host[:port][,host[:port]...]``: some of the
-  cluster's nodes (port 6379 unless given); the rest are discovered. No database: a
-  cluster has only 0.
+"""How the gateway connects to Redis in the topology ``redis_url`` names
+(``gateway.config.RedisTopology`` reads the URL): one server, a primary found through
+Sentinel, or a Redis Cluster (Valkey too).
 
 Every client is built the same way: socket and connect timeouts of ``store.timeout``, no
 client-side retries, no background health checks, at most ``store.max_connections``
@@ -22,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
-from urllib.parse import parse_qs, unquote
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -32,102 +20,11 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-if TYPE_CHECKING:
-    from gateway.config.settings import StoreSettings
+from gateway.config import RedisTopology, StoreSettings
 
 __all__ = ["RedisClient", "RedisTopology", "connect"]
 
 RedisClient = aioredis.Redis | RedisCluster
-
-_Kind = Literal["single", "sentinel", "cluster"]
-_SCHEMES: Final[dict[str, tuple[_Kind, bool]]] = {
-    "redis": ("single", False),
-    "rediss": ("single", True),
-    "unix": ("single", False),
-    "redis+sentinel": ("sentinel", False),
-    "rediss+sentinel": ("sentinel", True),
-    "redis+cluster": ("cluster", False),
-    "rediss+cluster": ("cluster", True),
-}
-_DEFAULT_PORTS: Final[dict[_Kind, int]] = {"sentinel": 26379, "cluster": 6379}
-
-
-@dataclass(frozen=True, slots=True)
-class RedisTopology:
-    """A ``redis_url`` taken apart; ``parse`` refuses the forms the gateway cannot use."""
-
-    kind: _Kind
-    url: str
-    tls: bool = False
-    nodes: tuple[tuple[str, int], ...] = ()
-    """Sentinels, or cluster nodes to start discovery from (empty for one server)."""
-    service: str = ""
-    """The primary's name in Sentinel."""
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-    sentinel_password: str | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> RedisTopology:
-        """``url`` read, or ``ValueError`` saying what is wrong with it."""
-        scheme = url.partition("://")[0].lower()
-        if scheme not in _SCHEMES or "://" not in url:
-            raise ValueError(
-                f"redis_url must start with one of {', '.join(s + '://' for s in _SCHEMES)}"
-            )
-        kind, tls = _SCHEMES[scheme]
-        if kind == "single":
-            return cls("single", url, tls)
-        # urlsplit cannot read a list of hosts, so the authority is split here.
-        rest = url.partition("://")[2]
-        authority, _, path_query = rest.partition("/")
-        if "?" in authority:
-            authority, _, query = authority.partition("?")
-            path = ""
-        else:
-            path, _, query = path_query.partition("?")
-        userinfo, at, hosts = authority.rpartition("@")
-        username = password = None
-        if at:
-            user, colon, secret = userinfo.partition(":")
-            username = unquote(user) or None
-            password = unquote(secret) if colon else None
-        nodes = tuple(_node(part, _DEFAULT_PORTS[kind]) for part in hosts.split(","))
-        options = {name: values[-1] for name, values in parse_qs(query).items()}
-        known = {"sentinel_password"} if kind == "sentinel" else set()
-        if unknown := sorted(set(options) - known):
-            raise ValueError(f"redis_url: unknown option {unknown[0]!r}")
-        parts = [unquote(part) for part in path.split("/") if part]
-        if kind == "cluster":
-            if parts not in ([], ["0"]):
-                raise ValueError("redis_url: a cluster has only database 0")
-            return cls(kind, url, tls, nodes, username=username, password=password)
-        if not 1 <= len(parts) <= 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise ValueError(
-                "redis_url: a sentinel URL ends in /<service name> or /<service name>/<db>"
-            )
-        return cls(
-            kind,
-            url,
-            tls,
-            nodes,
-            service=parts[0],
-            db=int(parts[1]) if len(parts) == 2 else 0,
-            username=username,
-            password=password,
-            sentinel_password=options.get("sentinel_password"),
-        )
-
-
-def _node(text: str, default_port: int) -> tuple[str, int]:
-    host, colon, port = text.strip().rpartition(":")
-    if not colon:
-        host, port = port, str(default_port)
-    host = host.removeprefix("[").removesuffix("]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65_536:
-        raise ValueError(f"redis_url: {text!r} is not host[:port]")
-    return host, int(port)
 
 
 @dataclass(frozen=True, slots=True)

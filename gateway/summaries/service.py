@@ -25,7 +25,8 @@ from typing import Final
 
 from gateway.store.conversations import ConversationRecords
 from pipelines import OffloadStore, StoreError, Summarizer
-from pipelines.checkpoints import Checkpoint, SummaryJob, run_job
+from pipelines.checkpoints import Checkpoint, SummaryJob
+from pipelines.local_summaries import run_job
 from pipelines.summary import SummaryFailed
 
 __all__ = ["BoundSummaries", "SummaryService"]

@@ -1,4 +1,5 @@
-"""A summarizer that asks an OpenAI-compatible upstream for the structured summary.
+"""A summarizer that asks the summary model for the structured summary, in OpenAI's chat
+API (Claude's answers translated: ``gateway.context.wires.chat_post``).
 
 It sends the prompt of ``pipelines.summary`` with the provider's structured-output mode
 (``response_format`` with the summary's JSON Schema, strict); a provider that refuses a
@@ -13,13 +14,13 @@ bounded by ``timeout``. Anything else (no valid answer, an error status, the dea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from gateway.errors import GatewayError
-from gateway.providers.openai import ChatUpstream, is_context_overflow
+from gateway.providers.openai import is_context_overflow
 from gateway.store.redis import CircuitBreaker
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
@@ -35,7 +36,11 @@ from pipelines.summary import (
     summary_schema,
 )
 
-__all__ = ["SummaryFailed", "UpstreamSummarizer"]
+__all__ = ["ChatPost", "SummaryFailed", "UpstreamSummarizer"]
+
+ChatPost = Callable[[dict[str, Any]], Awaitable[tuple[int, bytes]]]
+"""A chat request sent and answered: the status and the body, a chat completion (or an
+error in OpenAI's envelope), whoever answers."""
 
 _CALLERS_FAULT: Final = frozenset({401, 403, 404, 429})
 """Statuses that say the caller's key, model or quota is the problem: they do not count
@@ -53,19 +58,20 @@ _RESPONSE_FORMAT: Final = {
 
 
 class UpstreamSummarizer:
-    __slots__ = ("_plain", "attempts", "breaker", "headers", "timeout", "upstream")
+    __slots__ = ("_plain", "attempts", "breaker", "post", "timeout")
 
     def __init__(
         self,
-        upstream: ChatUpstream,
-        headers: Mapping[str, str],
+        post: ChatPost,
         *,
         timeout: float = 20.0,
         attempts: int = 3,
         breaker: CircuitBreaker | None = None,
         plain: set[str] | None = None,
     ) -> None:
-        self.upstream, self.headers = upstream, dict(headers)
+        self.post = post
+        """Sends a chat request to the summary model, whoever serves it
+        (``gateway.context.wires.chat_post``)."""
         self.timeout, self.attempts = timeout, attempts
         self.breaker = breaker
         """Shared by the requests of a process: after 3 failed summaries in a row, none is
@@ -171,12 +177,7 @@ class UpstreamSummarizer:
         return parse_summary(content), usage
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
-        headers = {**self.headers, "content-type": "application/json"}
-        response = await self.upstream.send(
-            "POST", "chat/completions", headers=headers, content=orjson.dumps(body)
-        )
-        limit = None if response.is_success else self.upstream.settings.max_error_body_bytes
-        return response.status_code, await self.upstream.read_body(response, limit)
+        return await self.post(body)
 
 
 def _error_code(body: bytes) -> str:

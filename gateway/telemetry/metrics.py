@@ -21,19 +21,13 @@ goes through children cached here by label values.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from gateway.telemetry.collectors import Overload, OwnCounts, Shedder, Stores, SummaryService
 from pipelines import ModelCatalog, Report
-
-if TYPE_CHECKING:
-    from gateway.edge.overload import Shedder
-    from gateway.store import Stores
-    from gateway.summaries.service import SummaryService
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -44,6 +38,7 @@ __all__ = [
     "ModelLabels",
     "usage_counts",
 ]
+
 
 LATENCY_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
@@ -244,8 +239,8 @@ class Metrics:
 
     def watch(self, stores: Stores, summaries: SummaryService, shedder: Shedder) -> None:
         """Export the counts ``stores``, ``summaries`` and ``shedder`` keep themselves."""
-        self.registry.register(_OwnCounts(stores, summaries))
-        self.registry.register(_Overload(shedder))
+        self.registry.register(OwnCounts(stores, summaries))
+        self.registry.register(Overload(shedder))
 
     def request(self, route: str, tenant: str, model: str, status: int, seconds: float) -> None:
         """One answered request."""
@@ -324,95 +319,3 @@ def usage_counts(usage: Mapping[str, Any]) -> tuple[int, int, int, int]:
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-class _OwnCounts(Collector):
-    """Counts the store and the summary service keep themselves, read at scrape time."""
-
-    def __init__(self, stores: Stores, summaries: SummaryService) -> None:
-        self._stores, self._summaries = stores, summaries
-
-    def collect(self) -> Iterator[Metric]:
-        failures = CounterMetricFamily(
-            "contextgate_store_failures",
-            "Store operations that failed (timeout, refused connection, error) or that the"
-            " open circuit breaker refused, by operation.",
-            labels=["operation"],
-        )
-        circuit = GaugeMetricFamily(
-            "contextgate_store_circuit_open",
-            "1 while the store's circuit breaker is open (the store is not asked), else 0.",
-        )
-        redis = self._stores.redis
-        if redis is not None:
-            for operation, count in sorted(redis.failed.items()):
-                failures.add_metric([operation], count)
-        circuit.add_metric([], 1.0 if redis is not None and redis.breaker.state == "open" else 0.0)
-        jobs = CounterMetricFamily(
-            "contextgate_summary_jobs",
-            "Summary jobs by outcome: scheduled (queued for the background), busy (one was"
-            " already queued or running for the conversation), queue_full (dropped), made,"
-            " reused (a stored checkpoint served), locked (another replica was making it),"
-            " failed.",
-            labels=["outcome"],
-        )
-        for outcome, count in sorted(self._summaries.counts.items()):
-            jobs.add_metric([outcome], count)
-        yield failures
-        yield circuit
-        yield jobs
-
-
-class _Overload(Collector):
-    """What the shedder (``gateway.edge.overload``) knows of the process's load, read at scrape
-    time."""
-
-    def __init__(self, shedder: Shedder) -> None:
-        self._shedder = shedder
-
-    def collect(self) -> Iterator[Metric]:
-        shedder = self._shedder
-        shed = CounterMetricFamily(
-            "contextgate_overload_shed",
-            "Requests refused with 503 gateway_overloaded, by reason: in_flight (max_in_flight"
-            " reached), loop_wait (the limit that work waiting for the event loop longer than"
-            " max_queue_delay has set).",
-            labels=["reason"],
-        )
-        for reason, count in shedder.shed.items():
-            shed.add_metric([reason], count)
-        yield shed
-        yield GaugeMetricFamily(
-            "contextgate_admitted_in_flight",
-            "Requests past admission and not finished (public routes not counted): what"
-            " max_in_flight caps.",
-            value=shedder.in_flight,
-        )
-        if shedder.limit is not None:
-            yield GaugeMetricFamily(
-                "contextgate_admission_limit",
-                "Requests in flight past which new ones are refused now: max_in_flight, or"
-                " less while work waits for the event loop longer than max_queue_delay.",
-                value=shedder.limit,
-            )
-        yield GaugeMetricFamily(
-            "contextgate_event_loop_wait_seconds",
-            "Seconds a callback last took through 20 turns of the event loop: about what a"
-            " small request waits for the loop.",
-            value=shedder.wait,
-        )
-        yield GaugeMetricFamily(
-            "contextgate_event_loop_lag_seconds",
-            "Seconds the event loop is behind: how late a timer it sets every 50 ms fires.",
-            value=shedder.lag,
-        )
-        yield GaugeMetricFamily(
-            "contextgate_accept_queue",
-            "Connections the kernel has completed and the process has not accepted yet.",
-            value=shedder.accept_queue,
-        )
-        yield GaugeMetricFamily(
-            "contextgate_event_loop_tasks",
-            "asyncio tasks alive on the event loop.",
-            value=shedder.tasks,
-        )

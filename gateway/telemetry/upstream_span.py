@@ -32,7 +32,6 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from gateway.http.sse import close, event_data
-from gateway.providers.openai import ChatUpstream
 
 __all__ = ["UpstreamCall"]
 
@@ -55,14 +54,13 @@ class UpstreamCall:
 
     @classmethod
     def start(
-        cls, upstream: ChatUpstream, request: Mapping[str, Any], *, restore: bool = False
+        cls, provider: str, request: Mapping[str, Any], *, restore: bool = False
     ) -> UpstreamCall:
-        """The span of ``request`` (OpenAI chat form) going to ``upstream``; ``restore``
-        marks a restore round (``contextgate.restore_round``)."""
+        """The span of ``request`` (OpenAI chat form) going to ``provider`` (``openai``,
+        ``anthropic``); ``restore`` marks a restore round (``contextgate.restore_round``)."""
         model = str(request.get("model") or "")
         span = _tracer.start_span(f"chat {model}" if model else "chat", kind=SpanKind.CLIENT)
         if span.is_recording():
-            provider = upstream.provider
             attributes: dict[str, AttributeValue] = {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": provider,

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from litestar import Request
 
 from gateway.errors import GatewayError
-from gateway.runtime import Gateway
-from gateway.tenancy.tenants import Profile
+from gateway.store import Stores
+from gateway.tenancy.tenants import Profile, Tenants
 
-__all__ = ["Caller", "Unauthorized", "caller_of", "credential_of", "identify"]
+__all__ = ["Caller", "Unauthorized", "credential_of", "identify"]
 
 
 class Unauthorized(GatewayError):
@@ -56,10 +53,10 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or None
 
 
-async def identify(gateway: Gateway, headers: Mapping[str, str]) -> Caller:
-    """The caller presenting ``headers``' credentials, or ``Unauthorized``."""
+async def identify(tenants: Tenants, stores: Stores, headers: Mapping[str, str]) -> Caller:
+    """The caller presenting ``headers``' credentials, or ``Unauthorized``: a tenant's
+    gateway key, or (without tenants) an upstream key, whose namespace ``stores`` names."""
     credential = credential_of(headers)
-    tenants = gateway.tenants
     if tenants:
         profile = tenants.of(credential)
         if profile is None:
@@ -70,10 +67,4 @@ async def identify(gateway: Gateway, headers: Mapping[str, str]) -> Caller:
                 else "The gateway key is not valid."
             )
         return Caller("tenant:" + str(profile.tenant), profile)
-    return Caller(await gateway.stores.namespace_of(credential), tenants.passthrough)
-
-
-def caller_of(request: Request[Any, Any, Any]) -> Caller:
-    """The caller ``gateway.edge.admission`` identified for ``request``."""
-    caller: Caller = request.state.caller
-    return caller
+    return Caller(await stores.namespace_of(credential), tenants.passthrough)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Final
 
-from gateway.config.settings import LimitSettings
+from gateway.config import LimitSettings
 from gateway.errors import RateLimited
 from gateway.store.redis import RedisBackend
 from gateway.telemetry.metrics import Metrics

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Final
 
-from gateway.config.settings import LimitSettings, Settings
+from gateway.config import LimitSettings, Settings
 from pipelines import Policy, PolicyBounds
 
 __all__ = ["HASH_PREFIX", "Profile", "Tenants", "hash_key"]

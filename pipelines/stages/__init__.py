@@ -1,4 +1,4 @@
-"""The stages, in the one order they run (DESIGN section 4).
+"""The stages, in the one order they run (docs/ARCHITECTURE.md, "The pipeline").
 
 ``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
 parameterise a stage, never reorder it. ``PassThrough`` stands in for a stage under its

@@ -37,11 +37,12 @@ from typing import Any, Final
 
 import orjson
 
-from pipelines.checkpoints import Checkpoint, Summaries, SummaryJob, chain_of
+from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
 from pipelines.messages import Message
 from pipelines.notes import removal_note
+from pipelines.ports import Summaries
 from pipelines.stage import Compacted, StageContext
 from pipelines.stages.compress import compactable
 from pipelines.summary import SummaryFailed, summary_message

@@ -347,7 +347,7 @@ def _protected_from(messages: Sequence[Message], turns: int) -> int:
 
 def _anchor(messages: Sequence[Message]) -> frozenset[int]:
     """The first user message and the assistant message answering it, with its tool
-    results (the anchor of DESIGN section 4)."""
+    results (the anchor: docs/ARCHITECTURE.md, "The pipeline")."""
     first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
     if first is None:
         return frozenset()

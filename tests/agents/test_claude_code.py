@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer
 from tests.mock_models import ChatModel, ClaudeModel
 from tests.mock_upstream import MockUpstream, Received, Reply

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config.settings import load_settings
+from gateway.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".tools" / "helm"

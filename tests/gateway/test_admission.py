@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config.settings import AnthropicSettings, Settings, TenantSettings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, TenantSettings, UpstreamSettings
 from gateway.tenancy.tenants import hash_key
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion

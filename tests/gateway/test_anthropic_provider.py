@@ -12,9 +12,9 @@ import openai
 import orjson
 import pytest
 
-from gateway.codecs.anthropic import from_message
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
-from tests.gateway.codecs.test_anthropic import ANSWER, STREAMS, events_of, recorded
+from gateway.codecs.chat_anthropic import from_message
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
+from tests.gateway.codecs.chat_anthropic.samples import ANSWER, STREAMS, events_of, recorded
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, SSEReply
 
@@ -194,7 +194,7 @@ def test_the_openai_key_is_never_sent_to_anthropic(upstream: MockUpstream) -> No
 
 
 def test_with_tenants_and_no_anthropic_key_claude_is_refused(upstream: MockUpstream) -> None:
-    from gateway.config.settings import TenantSettings
+    from gateway.config import TenantSettings
     from gateway.tenancy.tenants import hash_key
 
     settings = Settings(

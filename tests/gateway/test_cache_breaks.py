@@ -128,7 +128,7 @@ def test_restore_rounds_do_not_count_as_the_conversations_cache(
     """A request whose model restored something read the cache once per round; the next
     request is judged against the first round alone: the same reads are no break, a real
     drop still is."""
-    from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+    from gateway.config import AnthropicSettings, Settings, UpstreamSettings
     from tests.gateway.routes import test_messages as messages
     from tests.gateway.routes import test_restore_tool as restore
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.context.exchange import _Metered, _Remembering
+from gateway.context.call import Call
+from gateway.context.exchange import _Metered, _Remembering, _Sent
+from gateway.context.record import RequestRecord
 from gateway.context.wires import ChatWire
 from gateway.telemetry.metrics import Metrics
 from pipelines import ConversationState
@@ -47,25 +49,28 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
     class Chat:
         namespace, conversation, result, state = "ns", "conv", Result(), None
 
-    notes: dict[str, Any] = {}
+    record = RequestRecord("cg-test")
+    call = Call({}, None, record, None, 0.0)  # type: ignore[arg-type]
     events = upstream_events()
     await events.__anext__()  # the first event, already taken by the relay
     tracker = ChatWire(None).usage_tracker()  # type: ignore[arg-type]
     metered = _Metered(events, tracker)
-    wrapper = _Remembering(
+    sent = _Sent(
         Recorder(),  # type: ignore[arg-type]
+        call,
         Chat(),  # type: ignore[arg-type]
+        ChatWire(None),  # type: ignore[arg-type]
+        {},
+        object() if restoring else None,  # type: ignore[arg-type]
         5.0,
-        restore_loop(metered) if restoring else metered,
-        metered,
-        restore_tool=restoring,
-        tracker=tracker,
-        notes=notes,
+        0.0,
+        {},
     )
+    wrapper = _Remembering(sent, restore_loop(metered) if restoring else metered, metered, tracker)
     await wrapper.aclose()
     await wrapper.aclose()
     assert closed == [True]
-    assert notes == {"usage": None, "cache_break": None}
+    assert (record.usage, record.cache_break) == (None, None)
     assert len(remembered) == 1
     assert remembered[0][2].restore_tool is restoring
     assert remembered[0][2].last_seen == 5.0

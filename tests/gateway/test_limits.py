@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config.settings import (
+from gateway.config import (
     LimitSettings,
     Settings,
     StoreSettings,

@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config.settings import Settings, StoreSettings, TenantSettings, UpstreamSettings
+from gateway.config import Settings, StoreSettings, TenantSettings, UpstreamSettings
 from gateway.tenancy.tenants import hash_key
 from tests.conftest import settings_for
 from tests.gateway.routes.test_messages import ANSWER

@@ -9,7 +9,7 @@ from jsonschema import Draft202012Validator
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.config.settings import Settings
+from gateway.config import Settings
 
 ROUTES = {
     ("/v1/chat/completions", "post"): {"200", "400", "401", "408", "413", "429", "431", "503"},

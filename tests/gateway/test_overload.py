@@ -13,7 +13,7 @@ import time
 import httpx
 import uvloop
 
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from gateway.edge.accept import EagerAccept
 from gateway.edge.overload import FLOOR, GRACE, TICK, Shedder
 from gateway.errors import Overloaded

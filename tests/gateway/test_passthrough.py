@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config.settings import Settings, TenantSettings, UpstreamSettings
+from gateway.config import Settings, TenantSettings, UpstreamSettings
 from gateway.routes.relay import route_label, upstream_target
 from gateway.tenancy.tenants import hash_key
 from tests.conftest import settings_for

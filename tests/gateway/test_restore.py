@@ -11,7 +11,7 @@ import anthropic
 import orjson
 import pytest
 
-from gateway.codecs.anthropic import to_messages
+from gateway.codecs.chat_anthropic import to_messages
 from gateway.context.restore import RESTORE_TOKENS, Restorer, add_usage, with_restore_tool
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, StoreError, TokenCounter

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.settings import ConfigError, load_settings
+from gateway.config import ConfigError, load_settings
 
 
 def test_no_file_gives_working_defaults() -> None:

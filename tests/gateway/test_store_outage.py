@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.config.settings import Settings, StoreSettings, UpstreamSettings
+from gateway.config import Settings, StoreSettings, UpstreamSettings
 from tests.harness import GatewayServer, RedisServer, redis_server
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from bench.compaction import requests_of
-from gateway.config.settings import Settings, UpstreamSettings
+from gateway.config import Settings, UpstreamSettings
 from pipelines import ModelInfo
 from pipelines.summary import FIELDS, LIST_FIELDS
 from tests.harness import GatewayServer, ServeProcess

@@ -9,7 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config.settings import UpstreamSettings
+from gateway.config import UpstreamSettings
+from gateway.context.call import Target
+from gateway.context.wires import chat_post
 from gateway.providers.openai import Upstream
 from gateway.summaries.summarizer import SummaryFailed, UpstreamSummarizer
 from pipelines.summary import FIELDS, LIST_FIELDS
@@ -37,8 +39,9 @@ def answering(summary: Any) -> JSONReply:
 
 async def run(upstream: MockUpstream, **options: Any) -> Any:
     client = Upstream(UpstreamSettings(base_url=upstream.base_url))
+    target = Target("gpt-4o-mini", client, {"authorization": "Bearer sk-x"})
     try:
-        summarizer = UpstreamSummarizer(client, {"authorization": "Bearer sk-x"}, **options)
+        summarizer = UpstreamSummarizer(chat_post(target, 4_096), **options)
         return await summarizer.summarize(HISTORY, model="gpt-4o-mini")
     finally:
         await client.aclose()

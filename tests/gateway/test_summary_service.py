@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.settings import StoreSettings
+from gateway.config import StoreSettings
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisBackend, RedisConversations
 from gateway.summaries.service import SummaryService

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.config.settings import (
+from gateway.config import (
     AnthropicSettings,
     ConfigError,
     LimitSettings,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from gateway.providers.openai import relayable_response_headers, upstream_request_headers
+from gateway.http.forwarding import relayable_response_headers, upstream_request_headers
 from tests.conftest import settings_for
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from gateway.telemetry.upstream_span import UpstreamCall
-from tests.gateway.codecs.test_anthropic import events_of
+from tests.gateway.codecs.chat_anthropic.samples import events_of
 
 
 @pytest.fixture

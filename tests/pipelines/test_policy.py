@@ -9,8 +9,8 @@ from pipelines.policy import Policy
 
 
 def test_defaults_are_the_documented_ones() -> None:
-    """The built-in policy is DESIGN's: summarize, thresholds 0.40/0.50/0.70/0.90, target
-    0.45, tail 0.20, 2 images, ..."""
+    """The built-in policy is the documented one (docs/POLICY.md): summarize, thresholds
+    0.40/0.50/0.70/0.90, target 0.45, tail 0.20, 2 images, ..."""
     policy = Policy()
     assert policy.as_wire() == {
         "mode": "summarize",

@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from tests.harness import GatewayServer
 from tests.mock_upstream import (
     FIXTURES,

@@ -22,7 +22,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from tests.gateway.test_summaries import turns as summary_turns
 from tests.harness import GatewayServer, RedisServer, ServeProcess, free_port, redis_server
 from tests.mock_upstream import (

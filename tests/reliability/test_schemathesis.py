@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
-from gateway.config.settings import Settings
+from gateway.config import Settings
 from gateway.routes.openapi import complete
 from tests.harness import GatewayServer
 

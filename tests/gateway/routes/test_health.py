@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from gateway.config.settings import Settings, UpstreamSettings
+from gateway.config import Settings, UpstreamSettings
 from tests.harness import GatewayServer, free_port
 from tests.mock_upstream import MockUpstream
 

@@ -14,12 +14,12 @@ import orjson
 import pytest
 
 from bench.compaction import requests_of
-from gateway.codecs.anthropic import to_messages
-from gateway.codecs.anthropic_inbound import message_of
-from gateway.config.settings import AnthropicSettings, Settings, UpstreamSettings
+from gateway.codecs.chat_anthropic import to_messages
+from gateway.codecs.messages_openai import message_of
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from pipelines import TokenCounter
 from pipelines.cache_break import without_markers
-from tests.gateway.codecs.test_anthropic import STREAMS, TRACES, events_of
+from tests.gateway.codecs.chat_anthropic.samples import STREAMS, TRACES, events_of
 from tests.harness import GatewayServer
 from tests.mock_upstream import (
     JSONReply,
@@ -1008,7 +1008,7 @@ def test_a_tenants_gateway_key_never_goes_upstream(upstream: MockUpstream, path:
     """With tenants, a Messages client's gateway key (sent as x-api-key) goes nowhere:
     Anthropic gets the Anthropic key, the OpenAI-compatible upstream the OpenAI key, and
     neither gets the other's."""
-    from gateway.config.settings import TenantSettings
+    from gateway.config import TenantSettings
     from gateway.tenancy.tenants import hash_key
 
     settings = Settings(

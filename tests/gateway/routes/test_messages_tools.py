@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from gateway.context.restore import RESTORE_TOOL_NAME
-from tests.gateway.codecs.test_anthropic_inbound import CLAUDE_CODE_TOOLS
+from tests.gateway.codecs.messages.samples import CLAUDE_CODE_TOOLS
 from tests.gateway.routes.test_messages import ANSWER, MESSAGES
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream

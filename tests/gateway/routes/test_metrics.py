@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config.settings import Settings, TenantSettings, UpstreamSettings
+from gateway.config import Settings, TenantSettings, UpstreamSettings
 from gateway.tenancy.tenants import hash_key
 from tests.harness import GatewayServer
 from tests.mock_upstream import MockUpstream

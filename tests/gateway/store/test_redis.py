@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.config.settings import StoreSettings
+from gateway.config import StoreSettings
 from gateway.store import REF_PATTERN
 from gateway.store.redis import CircuitBreaker, RedisBackend, RedisConversations, RedisStore
 from pipelines import ConversationState, StoreError
@@ -182,7 +182,7 @@ async def test_a_configured_secret_is_never_replaced(server: RedisServer) -> Non
 async def test_the_unresolved_namespace_is_refused() -> None:
     """Without the secret callers cannot be told apart: nothing is stored or read for
     them, and their records are neither read nor written."""
-    from gateway.config.settings import Settings
+    from gateway.config import Settings
     from gateway.store.stores import UNRESOLVED, Stores
 
     stores = Stores.build(Settings(redis_url="redis://127.0.0.1:1/0"))

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.config.settings import Settings, StoreSettings, UpstreamSettings
+from gateway.config import Settings, StoreSettings, UpstreamSettings
 from gateway.store.redis import RedisBackend, RedisStore
 from pipelines import StoreError
 from tests.gateway.test_limits import KEY, chat, limited

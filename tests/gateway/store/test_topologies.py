@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config.settings import ConfigError, Settings
+from gateway.config import ConfigError, Settings
 from gateway.store.topologies import RedisTopology
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.compaction import requests_of
 from bench.prompt_cache import PrefixCache, cost
-from gateway.codecs.anthropic import to_messages, usage_of
+from gateway.codecs.chat_anthropic import to_messages, usage_of
 from gateway.store import MemoryStore
 from pipelines import ConversationState, Pipeline, Policy, Report, TokenCounter
 from pipelines.stages import DEFAULT_STAGES, PassThrough

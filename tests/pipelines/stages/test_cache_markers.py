@@ -613,7 +613,7 @@ async def test_client_markers_nested_in_parts_count_towards_the_four() -> None:
     """Markers a client sets inside a part (a search result's text, a document's content
     blocks, as the Messages API takes them) are breakpoints too: three of them leave room
     for the rolling marker only, and the converted request carries no more than four."""
-    from gateway.codecs.anthropic import to_messages
+    from gateway.codecs.chat_anthropic import to_messages
 
     def nested(name: str) -> dict[str, Any]:
         text = {"type": "text", "text": "Refunds within 24 h. " * 200, "cache_control": MARK}
@@ -635,7 +635,7 @@ async def test_a_message_with_no_block_that_takes_a_marker_is_not_marked() -> No
     """Thinking blocks and empty text take no breakpoint (the codec skips them): a newest
     answer of thinking alone, or a message of an empty text part, leaves the rolling
     marker to the message before it, and every marker placed reaches the request."""
-    from gateway.codecs.anthropic import to_messages
+    from gateway.codecs.chat_anthropic import to_messages
 
     thinking = {"type": "thinking", "thinking": "Hm.", "signature": "c2ln"}
     for newest in (

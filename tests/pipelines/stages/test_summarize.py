@@ -14,7 +14,8 @@ from typing import Any
 from bench.compaction import requests_of
 from gateway.store import MemoryStore
 from pipelines import ModelCatalog, Pipeline, Policy
-from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of, run_job
+from pipelines.checkpoints import Checkpoint, SummaryJob, chain_of
+from pipelines.local_summaries import run_job
 from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed, SummaryOverflow
 from tests.openai_schema import assert_valid_request
 from tests.pipelines.stages.conftest import BoundaryProbe, boundary_at, probed

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.codecs.anthropic_inbound import openai_request, parse_request, to_request
+from gateway.codecs.messages import parse_request, to_request
+from gateway.codecs.messages_openai import openai_request
 from gateway.errors import InvalidRequest
 
 HI = {"role": "user", "content": "Hi"}

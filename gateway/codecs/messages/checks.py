@@ -34,7 +34,7 @@ import anthropic.types.beta as beta
 import orjson
 from typing_extensions import is_typeddict
 
-from gateway.codecs.anthropic import OPENAI_PARTS
+from gateway.codecs.chat_anthropic import OPENAI_PARTS
 from gateway.codecs.json_body import json_object, shown, type_error
 from gateway.errors import InvalidRequest
 

@@ -1,0 +1,67 @@
+"""An answer from the exchange as the route's response: the one place a route's answer is
+dispatched, buffered or streamed, relayed as it came or translated for the client's API.
+
+A ``Translation`` says how an answer in the upstream's API becomes one in the client's
+(the Messages route answering from an OpenAI-compatible model, the chat route from
+Claude); without one, the upstream's answer is the client's, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from litestar.response.base import ASGIResponse
+
+from gateway.context.exchange import Buffered, Streamed
+from gateway.http.responses import (
+    ErrorEvent,
+    buffered_response,
+    openai_error_event,
+    streamed_response,
+)
+
+__all__ = ["Translation", "respond"]
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """How an upstream's answer becomes the client's."""
+
+    body: Callable[[int, bytes], bytes]
+    """A whole answer (its status and body) as the client's body."""
+    events: Callable[[bytes, AsyncIterator[bytes]], AsyncIterator[bytes]]
+    """A stream (its first event, then the rest) as the client's events."""
+    headers: Callable[[int, list[tuple[str, str]]], list[tuple[str, str]]] | None = None
+    """Which of the upstream's headers the client gets, given the status sent (all that
+    make sense to relay when ``None``)."""
+
+
+def respond(
+    answer: Buffered | Streamed,
+    request_id: str,
+    *,
+    keepalive: float,
+    error: ErrorEvent = openai_error_event,
+    translation: Translation | None = None,
+) -> ASGIResponse:
+    """``answer`` as the route's response: a stream ending in ``error``'s event if it
+    fails, kept alive every ``keepalive`` seconds; translated by ``translation``."""
+    pick = translation.headers if translation is not None else None
+    if isinstance(answer, Buffered):
+        status = answer.status or answer.response.status_code
+        body = answer.body if translation is None else translation.body(status, answer.body)
+        return buffered_response(answer.response, body, answer.headers, answer.status, pick=pick)
+    first, events = answer.first, answer.events
+    if translation is not None:
+        first, events = b"", translation.events(first, events)
+    return streamed_response(
+        answer.response,
+        first,
+        events,
+        answer.headers,
+        request_id,
+        error,
+        keepalive=keepalive,
+        pick=pick,
+    )
