@@ -17,11 +17,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+# gateway/__init__.py: an editable install records whether gateway/ is a package.
+$(VENV)/.installed: pyproject.toml constraints.txt gateway/__init__.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
+$(VENV)/.installed-dev: pyproject.toml constraints.txt gateway/__init__.py | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(VENV)/.installed $@
 

@@ -378,7 +378,7 @@ async def warm_timing(trajectories: list[Any], tokens: int = 100_000, runs: int 
     await session.send(history[:start])
     await pipeline.settled()
     gc.collect()
-    gc.freeze()  # as the gateway does once warm (gateway.state.Gateway.warm)
+    gc.freeze()  # as the gateway does once warm (gateway.runtime.Gateway.warm)
     times, cpu, last = [], [], None
     for end in range(start + 1, len(history) + 1):
         began, began_cpu = time.perf_counter(), time.thread_time()

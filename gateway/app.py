@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import httpx
+import httpx2
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
@@ -90,15 +91,21 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 
 
 def create_app(
-    settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings | None = None,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    anthropic_transport: httpx2.AsyncBaseTransport | None = None,
 ) -> Litestar:
     """A gateway application. ``settings`` default to ``load_settings()`` (file and env).
     The process's tracing is set up from the ``OTEL_*`` variables first
-    (``gateway.telemetry.tracing``); with it on, each request gets a server span."""
+    (``gateway.telemetry.tracing``); with it on, each request gets a server span.
+    ``transport`` and ``anthropic_transport`` replace the HTTP transports to the
+    OpenAI-compatible upstream and to Anthropic (the SDK's copy of httpx), for tests that
+    script the provider in process (``httpx.MockTransport``, ``httpx2.MockTransport``)."""
     settings = settings or load_settings()
     configure_tracing()
     traced = tracing_on()
-    gateway = Gateway.build(settings, transport=transport)
+    gateway = Gateway.build(settings, transport=transport, anthropic_transport=anthropic_transport)
 
     async def close() -> None:
         await gateway.aclose()
@@ -140,7 +147,7 @@ def create_app(
             title="contextgate",
             version="0.1.0",
             path="/schema",
-            # The JSON document is completed by gateway.openapi; the UI reads that one.
+            # The JSON document is completed by gateway.routes.openapi; the UI reads that one.
             render_plugins=[DocumentJson(), RedocRenderPlugin(path=["/", "/redoc"])],
         ),
         logging_config=None,

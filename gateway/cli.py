@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         log_config=None,  # every logger is ours already: JSON lines on stderr
-        access_log=False,  # the gateway writes its own (gateway.access)
+        access_log=False,  # the gateway writes its own (gateway.edge.access)
         loop="auto",
         http="auto",
         proxy_headers=False,

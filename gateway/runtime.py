@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import httpx
+import httpx2
 
+from gateway.breaker import CircuitBreaker
 from gateway.config import Settings
 from gateway.context.call import Target
 from gateway.edge.drain import Draining
@@ -21,7 +23,6 @@ from gateway.http.forwarding import upstream_request_headers
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream, Upstream
 from gateway.store import Stores
-from gateway.store.redis import CircuitBreaker
 from gateway.summaries.service import SummaryService
 from gateway.telemetry.metrics import Metrics
 from gateway.tenancy.auth import Caller
@@ -107,7 +108,11 @@ class Gateway:
 
     @classmethod
     def build(
-        cls, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+        cls,
+        settings: Settings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        anthropic_transport: httpx2.AsyncBaseTransport | None = None,
     ) -> Gateway:
         catalog = ModelCatalog().extended(settings.models)
         stores = Stores.build(settings)
@@ -122,7 +127,9 @@ class Gateway:
             limiter=Limiter(stores.redis, metrics),
             metrics=metrics,
             shedder=Shedder(settings.max_in_flight, settings.max_queue_delay),
-            anthropic=AnthropicUpstream(settings.anthropic, settings.upstream),
+            anthropic=AnthropicUpstream(
+                settings.anthropic, settings.upstream, transport=anthropic_transport
+            ),
             summaries=SummaryService(
                 stores.conversations,
                 stores.objects,

@@ -14,7 +14,7 @@ from opentelemetry.trace import Tracer
 
 from pipelines.budget import Budget
 from pipelines.cache_break import cache_ttl
-from pipelines.catalog import ModelCatalog
+from pipelines.catalog import ModelCatalog, ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.local_summaries import LocalSummaries
@@ -151,15 +151,7 @@ class Pipeline:
         before = await tokens.first(received, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact
-        diverged = state is not None and not state.follows(received.messages)
-        if diverged:
-            state = None
-        ttl = info.cache_ttl
-        if info.family == "anthropic":
-            ttl = cache_ttl(received.messages, ttl, received.get("cache_control"))
-        cold, report.cache = cache_status(state, ttl=ttl, now=time.time() if now is None else now)
-        if diverged:
-            report.cache = "diverged"
+        state, cold, report.cache = _warmth(info, received, state, now)
         store = store if store is not None else self.store
         summarizer = summarizer if summarizer is not None else self.summarizer
         if summaries is None and summarizer is not None and store is not None:
@@ -188,16 +180,44 @@ class Pipeline:
         result = await run_stages(self.stages, received, ctx, report, tokens, self.tracer)
         report.ms = (perf_counter() - started) * 1000
         changed = result is not received
-        after = state or ConversationState()
-        if ctx.carry:
-            after = after.with_cuts(**ctx.carry)
-        # A request that breaks its cached prefix misses the cache as a cold one does: the
-        # provider's hit rate on it says nothing about the cache for the next request.
-        missed = cold or report.cache_break is not None
-        after = after.with_history(received.messages, sent_tokens=report.tokens_after, cold=missed)
+        after = _recorded(state, ctx, received, report, cold=cold)
         return CompactResult(
             result.to_request() if changed else dict(request), report, changed, after
         )
+
+
+def _warmth(
+    info: ModelInfo, received: Conversation, state: ConversationState | None, now: float | None
+) -> tuple[ConversationState | None, bool, str]:
+    """The conversation's record if the request follows it (``None`` if the history
+    diverged), whether the provider's prompt cache is cold, and the report's word for it."""
+    diverged = state is not None and not state.follows(received.messages)
+    if diverged:
+        state = None
+    ttl = info.cache_ttl
+    if info.family == "anthropic":
+        ttl = cache_ttl(received.messages, ttl, received.get("cache_control"))
+    cold, cache = cache_status(state, ttl=ttl, now=time.time() if now is None else now)
+    return state, cold, "diverged" if diverged else cache
+
+
+def _recorded(
+    state: ConversationState | None,
+    ctx: StageContext,
+    received: Conversation,
+    report: Report,
+    *,
+    cold: bool,
+) -> ConversationState:
+    """The conversation's record after this request: what the stages carry to the next
+    request, and the history as received."""
+    after = state or ConversationState()
+    if ctx.carry:
+        after = after.with_cuts(**ctx.carry)
+    # A request that breaks its cached prefix misses the cache as a cold one does: the
+    # provider's hit rate on it says nothing about the cache for the next request.
+    missed = cold or report.cache_break is not None
+    return after.with_history(received.messages, sent_tokens=report.tokens_after, cold=missed)
 
 
 async def _in_thread(job: Callable[[], object]) -> None:

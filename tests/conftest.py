@@ -22,7 +22,7 @@ hypothesis_settings.register_profile("deep", max_examples=5_000, deadline=None)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 # The suite's in-process gateways do not trace, whatever the developer's shell exports
-# (tests/gateway/test_tracing.py runs traced gateways in processes of their own).
+# (tests/gateway/telemetry/test_tracing.py runs traced gateways in processes of their own).
 for name in [name for name in os.environ if name.startswith("OTEL_")]:
     del os.environ[name]
 
@@ -55,7 +55,7 @@ def upstream(mock_upstream: MockUpstream) -> Iterator[MockUpstream]:
 def settings_for(upstream: MockUpstream, **overrides: object) -> Settings:
     """Settings for a gateway in front of ``upstream``. Summaries (on in the product) are
     off unless a test asks for them: their background calls go to the same mock and would
-    take replies a test scripted for its own requests. ``tests/gateway/test_summaries.py``
+    take replies a test scripted for its own requests. ``tests/scenarios/test_summaries.py``
     runs them with the mock playing the summary model."""
     overrides.setdefault("summaries", False)
     upstream_fields = {

@@ -14,12 +14,12 @@ from typing import Protocol
 
 from litestar.types import Receive
 
+from gateway.breaker import CircuitBreaker
 from gateway.config import Settings
 from gateway.context.record import RequestRecord
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream
 from gateway.store import Stores
-from gateway.store.redis import CircuitBreaker
 from gateway.summaries.service import SummaryService
 from gateway.telemetry.metrics import Metrics
 from gateway.tenancy.auth import Caller

@@ -22,9 +22,9 @@ from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
 from gateway.context.restore import has_refs, with_restore_tool
-from gateway.context.wires import chat_post
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.http.headers import POLICY_HEADER, policy_from_header
+from gateway.summaries.model import chat_post
 from gateway.summaries.summarizer import UpstreamSummarizer
 from gateway.tenancy.auth import Caller
 from pipelines import (
@@ -157,7 +157,7 @@ def _summarizer(
             return None
     reserve = services.pipeline.catalog.lookup(name).output_reserve
     return UpstreamSummarizer(
-        chat_post(target, reserve),
+        chat_post(target.provider, target.headers, reserve),
         timeout=policy.summary_timeout,
         breaker=services.summary_breaker,
         plain=services.structured_refused,

@@ -65,17 +65,19 @@ class Wire(Protocol):
     @property
     def upstream(self) -> Provider: ...
 
-    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
-        """The body sent upstream for the pipeline's request ``outgoing`` (OpenAI chat);
-        ``encoded`` is that request as OpenAI chat JSON when it is at hand."""
+    async def send(
+        self,
+        outgoing: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        encoded: bytes | None = None,
+        extra: list[dict[str, Any]] | None = None,
+    ) -> httpx.Response:
+        """Send the pipeline's request ``outgoing`` (OpenAI chat) in the wire's API, followed
+        by a restore round's turns ``extra`` (in the wire's own message format) if any;
+        ``encoded`` is ``outgoing`` as OpenAI chat JSON when it is at hand. The response's
+        body is still to be read."""
         ...
-
-    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
-        """The body for ``outgoing`` followed by a restore round's turns ``extra`` (in the
-        wire's own message format)."""
-        ...
-
-    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response: ...
 
     async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
         """A whole answer with its restore calls answered (``restore.complete``)."""
@@ -158,12 +160,12 @@ async def exchange(
     result = chat.result
     call.record.report, call.record.attempts = result.report, attempt
     outgoing = result.request
-    content = wire.encode(outgoing, chat.content)
     restorer = _restorer(services, chat) if chat.restore_tool else None
     sent_at, sending = time.time(), perf_counter()
     span = UpstreamCall.start(upstream.provider, outgoing)
     with span.current():
-        response = await while_connected(call.receive, wire.send(content, headers))
+        sending_it = wire.send(outgoing, headers, encoded=chat.content)
+        response = await while_connected(call.receive, sending_it)
     ours = report_headers(call.request_id, result.report, own_ms)
     ours["x-contextgate-attempts"] = str(attempt)
     predicted = result.report.cache_break
@@ -275,7 +277,7 @@ def _resend(wire: Wire, outgoing: dict[str, Any], headers: Mapping[str, str]) ->
     async def resend(extra: list[dict[str, Any]]) -> bytes:
         call = UpstreamCall.start(wire.upstream.provider, outgoing, restore=True)
         with call.current():
-            response = await wire.send(wire.continued(outgoing, extra), headers)
+            response = await wire.send(outgoing, headers, extra=extra)
             limit = None if response.is_success else wire.upstream.settings.max_error_body_bytes
             body = await wire.upstream.read_body(response, limit)
         call.answered(response.status_code, body)
@@ -292,7 +294,7 @@ def _resend_stream(
     async def resend(extra: list[dict[str, Any]]) -> tuple[bytes, AsyncIterator[bytes]]:
         call = UpstreamCall.start(wire.upstream.provider, outgoing, restore=True)
         with call.current():
-            response = await wire.send(wire.continued(outgoing, extra), headers)
+            response = await wire.send(outgoing, headers, extra=extra)
             if not is_event_stream(response):
                 body = await wire.upstream.read_body(
                     response, wire.upstream.settings.max_error_body_bytes

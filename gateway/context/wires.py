@@ -7,14 +7,10 @@
   for every request to Claude: a Messages client's (its own fields laid over the
   pipeline's request, and its answer Anthropic's own bytes) and a chat client's (the
   pipeline's request translated, and the answer translated back by the chat route).
-
-``chat_post`` makes the summarizer's calls (a chat request in, a chat completion out)
-over either.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -22,17 +18,15 @@ import httpx
 import orjson
 
 from gateway.codecs.anthropic_envelopes import error_status
-from gateway.codecs.chat_anthropic import from_message, openai_error, to_messages, usage_of
+from gateway.codecs.chat_anthropic import usage_of
 from gateway.context import restore
-from gateway.context.call import Target
 from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.context.restore import messages as restore_messages
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
-from gateway.providers.openai import ChatUpstream, json_answer
-from gateway.summaries.summarizer import ChatPost
+from gateway.providers.openai import ChatUpstream
 
-__all__ = ["ChatWire", "MessagesWire", "chat_post"]
+__all__ = ["ChatWire", "MessagesWire"]
 
 
 class ChatWire:
@@ -50,15 +44,20 @@ class ChatWire:
         """Applied to each request before it is encoded (an inbound Messages request's
         Anthropic-only fields removed)."""
 
-    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
+    async def send(
+        self,
+        outgoing: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        encoded: bytes | None = None,
+        extra: list[dict[str, Any]] | None = None,
+    ) -> httpx.Response:
+        if extra:
+            outgoing, encoded = {**outgoing, "messages": [*outgoing["messages"], *extra]}, None
         if self._prepare is not None:
-            return orjson.dumps(self._prepare(outgoing))
-        return encoded if encoded is not None else orjson.dumps(outgoing)
-
-    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
-        return self.encode({**outgoing, "messages": [*outgoing["messages"], *extra]})
-
-    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
+            content = orjson.dumps(self._prepare(outgoing))
+        else:
+            content = encoded if encoded is not None else orjson.dumps(outgoing)
         return await self.upstream.send(
             "POST", "chat/completions", headers=headers, content=content
         )
@@ -106,15 +105,18 @@ class MessagesWire:
         self.upstream = upstream
         self.request = request
 
-    def encode(self, outgoing: dict[str, Any], encoded: bytes | None = None) -> bytes:
-        return orjson.dumps(self.request(outgoing))
-
-    def continued(self, outgoing: dict[str, Any], extra: list[dict[str, Any]]) -> bytes:
+    async def send(
+        self,
+        outgoing: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        encoded: bytes | None = None,
+        extra: list[dict[str, Any]] | None = None,
+    ) -> httpx.Response:
         request = self.request(outgoing)
-        return orjson.dumps({**request, "messages": [*request["messages"], *extra]})
-
-    async def send(self, content: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        return await self.upstream.send_messages(content, headers)
+        if extra:
+            request = {**request, "messages": [*request["messages"], *extra]}
+        return await self.upstream.send_messages(orjson.dumps(request), headers)
 
     async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
         return await restore_messages.complete(body, restorer, resend)
@@ -237,30 +239,3 @@ def _with_writes(usage: Mapping[str, Any]) -> dict[str, Any]:
     written = usage.get("cache_creation_input_tokens")
     converted["cache_creation_input_tokens"] = written if isinstance(written, int) else 0
     return converted
-
-
-def chat_post(target: Target, default_max_tokens: int) -> ChatPost:
-    """The summarizer's calls to ``target``: a chat completions request there, or its
-    Messages translation to Claude (``default_max_tokens`` when it sets none), with the
-    answer made a chat completion and an error put in OpenAI's envelope."""
-    provider, headers = target.provider, {**target.headers, "content-type": "application/json"}
-
-    async def post(body: dict[str, Any]) -> tuple[int, bytes]:
-        if not isinstance(provider, AnthropicUpstream):
-            content = orjson.dumps(body)
-            response = await provider.send(
-                "POST", "chat/completions", headers=headers, content=content
-            )
-            return response.status_code, await provider.read_body(response, _limit(response))
-        request = to_messages(body, default_max_tokens=default_max_tokens)
-        response = await provider.send_messages(orjson.dumps(request), headers)
-        answer = await provider.read_body(response, _limit(response))
-        if not response.is_success:
-            return response.status_code, openai_error(response.status_code, answer)
-        message = json_answer(answer, "a message", listing="content")
-        return 200, orjson.dumps(from_message(message, created=int(time.time())))
-
-    def _limit(response: httpx.Response) -> int | None:
-        return None if response.is_success else provider.settings.max_error_body_bytes
-
-    return post

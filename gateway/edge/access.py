@@ -108,8 +108,7 @@ class AccessLog:
             tenant = ""
         else:
             tenant = caller.tenant or ""
-        model = record.model
-        label = self._models(model, answered=record.answered)
+        label = self._models(record.model, answered=record.answered)
         report, usage = record.report, record.usage
         error = _error_of(response.error_body) if response.error_body is not None else None
         probe = route in PROBES
@@ -125,6 +124,21 @@ class AccessLog:
         level = logging.DEBUG if probe else logging.INFO
         if not log.isEnabledFor(level):
             return
+        line = self._line(scope, record, response, seconds, tenant, store_failures, error, escaped)
+        log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})
+
+    def _line(
+        self,
+        scope: Scope,
+        record: RequestRecord,
+        response: _Response,
+        seconds: float,
+        tenant: str,
+        store_failures: int,
+        error: tuple[str | None, str | None] | None,
+        escaped: BaseException | None,
+    ) -> dict[str, Any]:
+        """The access log line's fields."""
         line: dict[str, Any] = {"request_id": record.request_id}
         span = response.span
         if span.is_valid:
@@ -132,14 +146,15 @@ class AccessLog:
             line["span_id"] = f"{span.span_id:016x}"
         line["method"] = scope.get("method")
         line["path"] = scope["path"][:_FIELD_CHARS]
-        line["route"] = route
-        line["status"] = status
+        line["route"] = scope.get("path_template") or UNMATCHED
+        line["status"] = response.status or 500
         line["duration_ms"] = round(seconds * 1000, 3)
         line["tenant"] = tenant or None
-        if model is not None:
-            line["model"] = model[:_FIELD_CHARS]
+        if record.model is not None:
+            line["model"] = record.model[:_FIELD_CHARS]
         if record.stream is not None:
             line["stream"] = record.stream
+        report, usage = record.report, record.usage
         if report is not None:
             line["tokens_before"] = report.tokens_before
             line["tokens_after"] = report.tokens_after
@@ -161,7 +176,7 @@ class AccessLog:
             line["drained"] = True  # ended by the shutdown deadline (gateway.edge.drain)
         if self._log_prompts and record.stream is not None:
             line["messages"] = record.messages
-        log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})
+        return line
 
 
 class _Response:

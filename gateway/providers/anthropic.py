@@ -46,7 +46,15 @@ class AnthropicUpstream(ResponseReading):
 
     provider: Final = "anthropic"
 
-    def __init__(self, settings: AnthropicSettings, upstream: UpstreamSettings) -> None:
+    def __init__(
+        self,
+        settings: AnthropicSettings,
+        upstream: UpstreamSettings,
+        *,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
+        """``transport``: the HTTP transport under the SDK (by default a pooled one with no
+        retries; a test's ``httpx2.MockTransport``)."""
         self.settings = upstream
         """The upstream limits that apply here too (error body size, timeouts, pool)."""
         timeout = httpx2.Timeout(
@@ -64,7 +72,9 @@ class AnthropicUpstream(ResponseReading):
         http = httpx2.AsyncClient(
             timeout=timeout,
             limits=limits,
-            transport=traced_sdk_transport(httpx2.AsyncHTTPTransport(limits=limits, retries=0)),
+            transport=traced_sdk_transport(
+                transport or httpx2.AsyncHTTPTransport(limits=limits, retries=0)
+            ),
             follow_redirects=False,
             trust_env=False,
         )

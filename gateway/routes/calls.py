@@ -6,7 +6,8 @@ Only routes use these: below them nothing sees Litestar (``gateway.context.call`
 
 from __future__ import annotations
 
-from typing import Any
+from time import perf_counter
+from typing import Any, NamedTuple
 
 from litestar import Request
 
@@ -16,7 +17,7 @@ from gateway.http.client import read_body
 from gateway.runtime import Gateway
 from gateway.tenancy.auth import Caller
 
-__all__ = ["body_of", "call_of", "caller_of", "record_of", "runtime_of"]
+__all__ = ["Received", "body_of", "call_of", "caller_of", "received", "record_of", "runtime_of"]
 
 AnyRequest = Request[Any, Any, Any]
 
@@ -58,3 +59,17 @@ async def body_of(request: AnyRequest) -> bytes:
         settings.max_body_bytes,
         within=settings.body_timeout,
     )
+
+
+class Received(NamedTuple):
+    """What a route that compacts works from."""
+
+    gateway: Gateway
+    call: Call
+    body: bytes
+
+
+async def received(request: AnyRequest) -> Received:
+    """The process's parts, the request as a ``Call`` (begun now) and its body."""
+    call = call_of(request, perf_counter())
+    return Received(runtime_of(request), call, await body_of(request))

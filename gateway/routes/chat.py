@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
-from time import perf_counter
+from functools import partial
 from typing import Any, Final
 
 import orjson
@@ -39,7 +39,7 @@ from gateway.http.sse import close, event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
 from gateway.routes.answers import Translation, respond
-from gateway.routes.calls import body_of, call_of, runtime_of
+from gateway.routes.calls import received
 
 __all__ = ["chat_completions"]
 
@@ -51,9 +51,7 @@ _RELAYED_ON_ERROR: Final = frozenset({"retry-after", "retry-after-ms", "request-
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     """OpenAI Chat Completions, streamed or not, through the context pipeline."""
-    call = call_of(request, perf_counter())
-    gateway = runtime_of(request)
-    raw = await body_of(request)
+    gateway, call, raw = await received(request)
     chat = await compact(gateway, call, parse_chat_request(raw), raw=raw)
     target = chat.target
     assert target is not None  # not a dry run
@@ -64,11 +62,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
         return respond(got, call.request_id, keepalive=keepalive)
     info = gateway.pipeline.catalog.lookup(target.model)
     headers, binding = _bound(chat, target) if info.thinking_bound else (target.headers, None)
-
-    def request_for(outgoing: Mapping[str, Any]) -> dict[str, Any]:
-        body = outgoing if binding is None else {**outgoing, "thinking": binding}
-        return to_messages(body, default_max_tokens=info.output_reserve)
-
+    request_for = partial(to_messages, default_max_tokens=info.output_reserve, thinking=binding)
     got = await answer(gateway, call, chat, MessagesWire(anthropic, request_for), headers)
     options = chat.body.get("stream_options")
     usage = isinstance(options, Mapping) and bool(options.get("include_usage"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Any
 
 import orjson
@@ -12,7 +11,7 @@ from litestar.response.base import ASGIResponse
 from gateway.codecs.openai import parse_chat_request
 from gateway.context.compaction import compact
 from gateway.http.headers import report_headers
-from gateway.routes.calls import body_of, call_of, runtime_of
+from gateway.routes.calls import received
 
 __all__ = ["compact_dry_run"]
 
@@ -21,9 +20,8 @@ __all__ = ["compact_dry_run"]
 async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Returns ``{"request": <what would be sent>, "report": <what each stage did>,
     "policy": <the policy it ran under, every key resolved>}``."""
-    call = call_of(request, perf_counter())
-    raw = await body_of(request)
-    chat = await compact(runtime_of(request), call, parse_chat_request(raw), raw=raw, dry_run=True)
+    gateway, call, raw = await received(request)
+    chat = await compact(gateway, call, parse_chat_request(raw), raw=raw, dry_run=True)
     result = chat.result
     body = orjson.dumps(
         {

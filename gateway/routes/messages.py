@@ -18,7 +18,6 @@ Errors, the gateway's own and relayed ones, use Anthropic's envelope
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from time import perf_counter
 from typing import Any, Final
 
 import orjson
@@ -50,7 +49,7 @@ from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
 from gateway.routes.answers import Translation, respond
-from gateway.routes.calls import body_of, call_of, runtime_of
+from gateway.routes.calls import received
 
 __all__ = ["count_tokens", "messages"]
 
@@ -68,9 +67,8 @@ a top-level ``cache_control``, ...) is not dropped. The SDK sends ``betas`` as a
 @post("/v1/messages", status_code=200)
 async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     """Anthropic Messages, streamed or not, through the context pipeline."""
-    call = call_of(request, perf_counter())
-    gateway = runtime_of(request)
-    inbound = parse_request(await body_of(request))
+    gateway, call, raw = await received(request)
+    inbound = parse_request(raw)
     refuse_upstream_choice(inbound.native)
     chat = await compact(gateway, call, inbound.chat)
     target = chat.target
@@ -105,9 +103,8 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     """The input tokens of a Messages request as the gateway would send it (compacted, no
     summary model asked, with the restore tool when it would carry it): Anthropic's own
     count for ``claude-*`` models, the gateway's for the others."""
-    call = call_of(request, perf_counter())
-    gateway = runtime_of(request)
-    inbound = parse_request(await body_of(request), counting=True)
+    gateway, call, raw = await received(request)
+    inbound = parse_request(raw, counting=True)
     chat = await compact(gateway, call, inbound.chat, dry_run=True)
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))

@@ -1,7 +1,7 @@
 """The gateway's OpenAPI document, served at ``/schema/openapi.json``.
 
 Litestar lists the routes, but the handlers read their bodies themselves
-(``gateway.context.compaction.request_body``), so it knows neither what they accept nor what they
+(``gateway.routes.calls.body_of``), so it knows neither what they accept nor what they
 answer. ``complete`` adds that to the generated document, in one place: request bodies
 (``gateway.routes.openapi_bodies``), the headers the gateway reads, the security schemes, and
 each route's answers with the error envelope it uses (OpenAI's, or Anthropic's on

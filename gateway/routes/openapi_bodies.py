@@ -1,6 +1,6 @@
 """JSON Schemas of what the gateway's POST routes accept, for its OpenAPI document.
 
-They are compact, and no looser than the codecs (``gateway/codecs/openai.py``,
+They are compact, and no looser than the codecs (``gateway/codecs/``: ``openai.py``,
 ``messages/checks.py``): a body they call valid is not refused for its shape. Fields the
 codecs do not read are forwarded, so the objects stay open (``additionalProperties``), and
 the fields with which other gateways let a request choose its upstream are absent by

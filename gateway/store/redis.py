@@ -1,6 +1,6 @@
 """The Redis backend: offloaded objects and conversation records shared by every replica.
 Redis is one server, a primary found through Sentinel, or a cluster
-(``gateway.store.topologies`` reads which from ``redis_url``).
+(``gateway.config.store.RedisTopology`` reads which from ``redis_url``).
 
 Every operation is bounded by ``store.timeout`` (socket timeouts, no client retries, and an
 ``asyncio`` deadline around the call), so a slow or dead Redis costs a request at most
@@ -52,6 +52,7 @@ from typing import Any, Final, TypeVar
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.breaker import CircuitBreaker
 from gateway.config import StoreSettings
 from gateway.store.refs import make_ref
 from gateway.store.topologies import RedisClient, RedisTopology, connect
@@ -60,7 +61,6 @@ from pipelines import ConversationState, StoreError
 
 __all__ = [
     "REQUEST_FAILURES",
-    "CircuitBreaker",
     "RedisBackend",
     "RedisConversations",
     "RedisStore",
@@ -86,52 +86,6 @@ _UNLOCK: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-
-
-class CircuitBreaker:
-    """Closed, then open for ``cooldown`` seconds after ``failures`` failures in a row, then
-    half-open: one call is let through, and its outcome closes or reopens the circuit."""
-
-    __slots__ = ("_clock", "_failures", "_opened_at", "_trial", "cooldown", "failures")
-
-    def __init__(
-        self, failures: int, cooldown: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.failures, self.cooldown, self._clock = failures, cooldown, clock
-        self._failures = 0
-        self._opened_at: float | None = None
-        self._trial = False
-
-    @property
-    def state(self) -> str:
-        if self._opened_at is None:
-            return "closed"
-        return "half-open" if self._clock() - self._opened_at >= self.cooldown else "open"
-
-    def allow(self) -> bool:
-        state = self.state
-        if state == "closed":
-            return True
-        if state == "half-open" and not self._trial:
-            self._trial = True
-            return True
-        return False
-
-    def success(self) -> None:
-        self._failures, self._opened_at, self._trial = 0, None, False
-
-    def release(self) -> None:
-        """End a call that says nothing about the service (cancelled by its caller, or
-        refused for the caller's own fault): a half-open trial may be made again."""
-        self._trial = False
-
-    def failure(self, *, slow: bool = False) -> None:
-        """Count a failure; a ``slow`` one (a timeout) opens the circuit at once, so that a
-        Redis that stopped answering costs one timeout per cooldown, not one per call."""
-        self._failures += 1
-        self._trial = False
-        if slow or self._opened_at is not None or self._failures >= self.failures:
-            self._opened_at = self._clock()
 
 
 class RedisBackend:

@@ -87,7 +87,7 @@ class SummaryService:
     def bind(
         self, namespace: str, conversation: str, summarizer: Summarizer | None, timeout: float
     ) -> BoundSummaries:
-        """The ``pipelines.checkpoints.Summaries`` of one request (``summarizer`` ``None``:
+        """The ``pipelines.ports.Summaries`` of one request (``summarizer`` ``None``:
         a dry run, which reads checkpoints and makes none)."""
         return BoundSummaries(self, (namespace, conversation), summarizer, timeout)
 
@@ -231,7 +231,7 @@ class SummaryService:
 
 @dataclass(slots=True)
 class BoundSummaries:
-    """The summaries of one request's conversation (``pipelines.checkpoints.Summaries``).
+    """The summaries of one request's conversation (``pipelines.ports.Summaries``).
 
     One request sees one snapshot: the prepared checkpoint as it first read it, and the
     answer it first got for a job, when the pipeline runs twice over it (the second time

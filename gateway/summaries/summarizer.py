@@ -1,5 +1,5 @@
 """A summarizer that asks the summary model for the structured summary, in OpenAI's chat
-API (Claude's answers translated: ``gateway.context.wires.chat_post``).
+API (Claude's answers translated: ``gateway.summaries.model.chat_post``).
 
 It sends the prompt of ``pipelines.summary`` with the provider's structured-output mode
 (``response_format`` with the summary's JSON Schema, strict); a provider that refuses a
@@ -19,9 +19,9 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.breaker import CircuitBreaker
 from gateway.errors import GatewayError
 from gateway.providers.openai import is_context_overflow
-from gateway.store.redis import CircuitBreaker
 from pipelines.messages import Message, message_text
 from pipelines.summary import (
     MIN_RETENTION,
@@ -71,7 +71,7 @@ class UpstreamSummarizer:
     ) -> None:
         self.post = post
         """Sends a chat request to the summary model, whoever serves it
-        (``gateway.context.wires.chat_post``)."""
+        (``gateway.summaries.model.chat_post``)."""
         self.timeout, self.attempts = timeout, attempts
         self.breaker = breaker
         """Shared by the requests of a process: after 3 failed summaries in a row, none is

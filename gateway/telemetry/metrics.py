@@ -120,7 +120,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
 
-        # Requests (gateway.access)
+        # Requests (gateway.edge.access)
         self.requests = Counter(
             "contextgate_requests",
             "Requests answered, by route, tenant, model and HTTP status.",
@@ -140,7 +140,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Tokens (gateway.access)
+        # Tokens (gateway.edge.access)
         self.upstream_tokens = Counter(
             "contextgate_upstream_tokens",
             "Tokens the upstream reported in its usage, by kind: input (cache reads and"
@@ -156,7 +156,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Pipeline stages (gateway.access, from the report of each forwarded request)
+        # Pipeline stages (gateway.edge.access, from the report of each forwarded request)
         self.stage_duration = Histogram(
             "contextgate_stage_duration_seconds",
             "Seconds each pipeline stage took.",
@@ -185,7 +185,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Upstream (gateway.exchange)
+        # Upstream (gateway.context.exchange)
         self.upstream_duration = Histogram(
             "contextgate_upstream_duration_seconds",
             "Seconds from sending a request upstream to its answer: the whole body of a"
@@ -196,7 +196,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Prompt cache (gateway.cache_breaks)
+        # Prompt cache (gateway.context.cache_breaks)
         self.cache_breaks = Counter(
             "contextgate_cache_breaks",
             "Requests that broke the provider's prompt cache of their conversation, by cause"
@@ -205,7 +205,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Limits (gateway.limits)
+        # Limits (gateway.tenancy.limits)
         self.rate_limited = Counter(
             "contextgate_rate_limited",
             "Requests refused with 429, by tenant (passthrough: all callers) and by the limit"
@@ -219,7 +219,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Store (gateway.access; the failures themselves are read by ``watch``)
+        # Store (gateway.edge.access; the failures themselves are read by ``watch``)
         self.store_fail_open = Counter(
             "contextgate_store_fail_open",
             "Requests served although store operations failed during them (content kept in"

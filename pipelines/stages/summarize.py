@@ -159,35 +159,10 @@ class Summarize:
             ctx.record(path="notes kept: the cut went out with them and the cache is warm")
             return conversation, None
         else:
-            ready = await lookup.ready()
-            candidates = [
-                k
-                for k in (ready, previous)
-                if k is not None and lookup.applies(k, start, limit) and await self._stored(k, ctx)
-            ]
-            found = max(candidates, key=lambda k: k.end, default=None)
-            if found is not None and (found.end >= cut or lookup.summaries.background):
-                checkpoint = found
-                path = "prepared checkpoint used" if found is ready else "checkpoint extended"
-            else:
-                # Nothing prepared (or, with no background work, only part): made now.
-                job = self._job(compacted.source, start, cut, found, lookup, ctx)
-                try:
-                    checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
-                except (SummaryFailed, TimeoutError, StoreError) as exc:
-                    reason = str(exc) or "deadline"
-                    if found is None:
-                        ctx.record(path=f"fallback: {reason}")
-                        return conversation, None
-                    checkpoint, path = found, f"checkpoint extended ({reason})"
-                else:
-                    if not lookup.applies(checkpoint, start, limit):
-                        ctx.record(path="fallback: the summary made meanwhile covers another span")
-                        return conversation, None
-                    if not await self._stored(checkpoint, ctx):
-                        ctx.record(path="fallback: the summary's originals are no longer stored")
-                        return conversation, None
-                    path = "summarised" if found is None else "merged"
+            chosen = await self._prepared_or_made(compacted, previous, limit, lookup, ctx)
+            if chosen is None:
+                return conversation, None
+            checkpoint, path = chosen
         pinned = tuple(i for i in pinned if start <= i < max(checkpoint.end, cut))
         try:
             result = await self._replaced(conversation, compacted, checkpoint, pinned, ctx)
@@ -214,6 +189,45 @@ class Summarize:
             **checkpoint.made,
         )
         return result, checkpoint
+
+    async def _prepared_or_made(
+        self,
+        compacted: Compacted,
+        previous: Checkpoint | None,
+        limit: int,
+        lookup: _Lookup,
+        ctx: StageContext,
+    ) -> tuple[Checkpoint, str] | None:
+        """The checkpoint to use at ``cut`` and how it was had: prepared in the background,
+        extended from the previous one, or made now; ``None`` (the reason recorded) when
+        there is none to use."""
+        start, cut = compacted.start, compacted.cut
+        ready = await lookup.ready()
+        candidates = [
+            k
+            for k in (ready, previous)
+            if k is not None and lookup.applies(k, start, limit) and await self._stored(k, ctx)
+        ]
+        found = max(candidates, key=lambda k: k.end, default=None)
+        if found is not None and (found.end >= cut or lookup.summaries.background):
+            return found, "prepared checkpoint used" if found is ready else "checkpoint extended"
+        # Nothing prepared (or, with no background work, only part): made now.
+        job = self._job(compacted.source, start, cut, found, lookup, ctx)
+        try:
+            checkpoint = await lookup.summaries.now(job, within=ctx.policy.summary_timeout)
+        except (SummaryFailed, TimeoutError, StoreError) as exc:
+            reason = str(exc) or "deadline"
+            if found is None:
+                ctx.record(path=f"fallback: {reason}")
+                return None
+            return found, f"checkpoint extended ({reason})"
+        if not lookup.applies(checkpoint, start, limit):
+            ctx.record(path="fallback: the summary made meanwhile covers another span")
+            return None
+        if not await self._stored(checkpoint, ctx):
+            ctx.record(path="fallback: the summary's originals are no longer stored")
+            return None
+        return checkpoint, "summarised" if found is None else "merged"
 
     async def _replaced(
         self,

@@ -1,4 +1,5 @@
-"""The ``contextgate`` command: ``compact`` offline and ``serve`` as a real process."""
+"""The ``contextgate`` command: ``compact`` offline, ``serve`` as a real process, and
+``hash-key``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import openai
 import pytest
 
 from gateway.cli import main
+from gateway.tenancy.tenants import hash_key
 from tests.harness import free_port
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 
@@ -126,3 +128,25 @@ def test_compact_reports_nesting_too_deep(tmp_path: Path, capsys: object) -> Non
     )
     assert main(["compact", str(path)]) == 2
     assert "nesting_too_deep" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+ALPHA, BETA = "cg-alpha-key-0123456789abcdef", "cg-beta-key-0123456789abcdef"
+
+
+def test_hash_key_command() -> None:
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "hash-key"],
+        input=ALPHA + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert printed == hash_key(ALPHA)
+    new = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "hash-key", "--new"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(new) == 2
+    assert hash_key(new[0]) == new[1]

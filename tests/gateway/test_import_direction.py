@@ -12,6 +12,7 @@ from typing import Final
 ROOT: Final = Path(__file__).resolve().parents[2] / "gateway"
 RANKS: Final = {
     "errors": 0,
+    "breaker": 0,
     "config": 1,
     "codecs": 2,
     "http": 3,
@@ -75,9 +76,12 @@ def test_imports_go_down_the_house() -> None:
 def test_no_import_is_hidden_from_the_direction() -> None:
     """No module imports the gateway's modules under ``if TYPE_CHECKING:``, nor its own
     sub-package's inside a function: the marks of a cycle broken by hand. (A function may
-    load a lower sub-package late: the command line loads the server only to serve.)"""
+    load a lower sub-package late: the command line loads the server only to serve. The
+    package's face, ``gateway/__init__.py``, names what it loads lazily for type checkers.)"""
     hidden = []
     for name, tree in modules():
+        if name == "gateway":
+            continue
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 for statement in node.body:

@@ -23,7 +23,6 @@ import orjson
 import pytest
 
 from gateway.config import AnthropicSettings, Settings, UpstreamSettings
-from tests.gateway.test_summaries import turns as summary_turns
 from tests.harness import GatewayServer, RedisServer, ServeProcess, free_port, redis_server
 from tests.mock_upstream import (
     Drop,
@@ -38,6 +37,7 @@ from tests.mock_upstream import (
     chat_completion,
     events_of,
 )
+from tests.scenarios.test_summaries import turns as summary_turns
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 

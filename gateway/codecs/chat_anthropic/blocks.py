@@ -1,5 +1,6 @@
-"""OpenAI chat content <-> Anthropic Messages blocks, for requests to Claude
-(``chat_anthropic.request``), and where a message's cache marker lands. No I/O.
+"""OpenAI chat messages -> the Anthropic Messages API's system prompt and turns, for
+requests to Claude (``chat_anthropic.request``), and where a message's cache marker lands.
+No I/O.
 
 - user content: text parts -> text blocks (every key kept); ``image_url`` parts -> image
   blocks (a data URL becomes a base64 source, any other URL a url source); ``file`` parts
@@ -30,13 +31,14 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
 
 from gateway.errors import InvalidRequest
 from pipelines.cache_break import without_markers
+from pipelines.messages import SYSTEM_TURN, is_system_turn
 
 __all__ = [
     "OPENAI_PARTS",
@@ -48,6 +50,7 @@ __all__ = [
     "marked",
     "result_content",
     "text_blocks",
+    "turns_of",
 ]
 
 OPENAI_PARTS: Final = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
@@ -64,6 +67,38 @@ _DATA_URL: Final = re.compile(
     r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?:;[\w.+-]+=[^;,]*)*;base64,(?P<data>.*)", re.S
 )
 """A base64 data URL, its parameters (``charset=utf-8``, ``name=...``) skipped."""
+
+
+def turns_of(
+    messages: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The system prompt's blocks and the turns of the Messages API's ``messages`` for chat
+    ``messages``: consecutive messages of one role joined in a turn, a system turn of the
+    history in its place, empty turns (an assistant answer that was empty, a user message
+    of parts it cannot carry; the API refuses them) left out."""
+    system: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        where = f"messages[{index}].content"
+        if is_system_turn(message):
+            turns.append(_system_turn(message))
+        elif role in ("system", "developer"):
+            system.extend(marked(text_blocks(message.get("content")), message))
+        elif role == "tool":
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id"),
+            }
+            if message.get("content") is not None:
+                block.update(result_content(message["content"], where))
+            block.update({key: message[key] for key in TOOL_RESULT_KEYS if key in message})
+            _append(turns, "user", marked([block], message))
+        elif role == "assistant":
+            _append(turns, "assistant", marked(assistant_blocks(message, where), message))
+        else:
+            _append(turns, "user", marked(content_blocks(message.get("content"), where), message))
+    return system, _joined([t for t in turns if t["role"] == "system" or t["content"]])
 
 
 def marked(blocks: list[dict[str, Any]], message: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -240,3 +275,40 @@ def _thinking_block(block: Mapping[str, Any]) -> dict[str, Any]:
     """A ``thinking_blocks`` entry as the Messages API takes it back: without the
     ``index`` that streamed entries carry (``ChunkTranslator``)."""
     return {key: value for key, value in block.items() if key != "index"}
+
+
+def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Add ``blocks`` as a turn of ``role``, joining the previous turn when it has the same
+    role (tool results and the user message after them make one user turn)."""
+    if turns and turns[-1]["role"] == role:
+        turns[-1]["content"].extend(blocks)
+    else:
+        turns.append({"role": role, "content": list(blocks)})
+
+
+def _system_turn(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A system message that is a turn of the history, as the ``role: "system"`` entry of
+    ``messages`` it came as: its content as it is (a message-level marker on its last
+    block), its other keys (``clear_at``, ``output_config``) kept. Never joined with a
+    neighbour."""
+    turn = {
+        key: value
+        for key, value in message.items()
+        if key not in (SYSTEM_TURN, "cache_control", "name")
+    }
+    turn["role"] = "system"
+    if "cache_control" in message:
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        turn["content"] = marked([dict(b) for b in blocks or ()], message)
+    return turn
+
+
+def _joined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        if out and out[-1]["role"] == turn["role"] and turn["role"] != "system":
+            out[-1]["content"].extend(turn["content"])
+        else:
+            out.append(turn)
+    return out

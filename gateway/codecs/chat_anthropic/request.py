@@ -55,16 +55,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.codecs.chat_anthropic.blocks import (
-    TOOL_RESULT_KEYS,
-    assistant_blocks,
-    content_blocks,
-    marked,
-    result_content,
-    text_blocks,
-)
+from gateway.codecs.chat_anthropic.blocks import turns_of
 from gateway.errors import InvalidRequest
-from pipelines.messages import SYSTEM_TURN, is_system_turn
 
 __all__ = ["anthropic_tool", "to_messages"]
 
@@ -93,36 +85,20 @@ REFUSED_FIELDS: Final = {
 """Request fields a client relies on that Claude cannot honour: a 400, not a silent drop."""
 
 
-def to_messages(body: Mapping[str, Any], *, default_max_tokens: int = 4_096) -> dict[str, Any]:
+def to_messages(
+    body: Mapping[str, Any],
+    *,
+    default_max_tokens: int = 4_096,
+    thinking: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The Messages API request for OpenAI chat request ``body``; ``InvalidRequest`` for
     what cannot be expressed there (a tool call whose arguments are not a JSON object,
-    several choices)."""
+    several choices). ``thinking``, when given, stands for the body's ``thinking`` (a
+    binding the chat route asks for: ``unbinding``)."""
+    if thinking is not None:
+        body = {**body, "thinking": thinking}
     _refuse_unsupported(body)
-    system: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    for index, message in enumerate(body.get("messages", ())):
-        role = message.get("role")
-        where = f"messages[{index}].content"
-        if is_system_turn(message):
-            turns.append(_system_turn(message))
-        elif role in ("system", "developer"):
-            system.extend(marked(text_blocks(message.get("content")), message))
-        elif role == "tool":
-            block: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": message.get("tool_call_id"),
-            }
-            if message.get("content") is not None:
-                block.update(result_content(message["content"], where))
-            block.update({key: message[key] for key in TOOL_RESULT_KEYS if key in message})
-            _append(turns, "user", marked([block], message))
-        elif role == "assistant":
-            _append(turns, "assistant", marked(assistant_blocks(message, where), message))
-        else:
-            _append(turns, "user", marked(content_blocks(message.get("content"), where), message))
-    # The API refuses empty turns (an assistant answer that was empty, a user message of
-    # parts it cannot carry): they are left out, their neighbours joined.
-    turns = _joined([t for t in turns if t["role"] == "system" or t["content"]])
+    system, turns = turns_of(body.get("messages", ()))
     request: dict[str, Any] = {
         "model": body.get("model"),
         "max_tokens": body.get("max_completion_tokens")
@@ -232,43 +208,6 @@ def _thinking(body: Mapping[str, Any]) -> dict[str, Any] | None:
         return dict(thinking)
     budget = THINKING_BUDGETS.get(str(body.get("reasoning_effort")))
     return {"type": "enabled", "budget_tokens": budget} if budget is not None else None
-
-
-def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    """Add ``blocks`` as a turn of ``role``, joining the previous turn when it has the same
-    role (tool results and the user message after them make one user turn)."""
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(blocks)
-    else:
-        turns.append({"role": role, "content": list(blocks)})
-
-
-def _system_turn(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A system message that is a turn of the history, as the ``role: "system"`` entry of
-    ``messages`` it came as: its content as it is (a message-level marker on its last
-    block), its other keys (``clear_at``, ``output_config``) kept. Never joined with a
-    neighbour."""
-    turn = {
-        key: value
-        for key, value in message.items()
-        if key not in (SYSTEM_TURN, "cache_control", "name")
-    }
-    turn["role"] = "system"
-    if "cache_control" in message:
-        content = message.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        turn["content"] = marked([dict(b) for b in blocks or ()], message)
-    return turn
-
-
-def _joined(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for turn in turns:
-        if out and out[-1]["role"] == turn["role"] and turn["role"] != "system":
-            out[-1]["content"].extend(turn["content"])
-        else:
-            out.append(turn)
-    return out
 
 
 def anthropic_tool(tool: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,11 @@ from bench.compaction import requests_of
 from gateway.codecs.chat_anthropic import to_messages
 from gateway.codecs.messages_openai import message_of
 from gateway.config import AnthropicSettings, Settings, UpstreamSettings
+from gateway.context.restore import RESTORE_TOOL_NAME
 from pipelines import TokenCounter
 from pipelines.cache_break import without_markers
 from tests.gateway.codecs.chat_anthropic.samples import STREAMS, TRACES, events_of
+from tests.gateway.codecs.messages.samples import CLAUDE_CODE_TOOLS
 from tests.harness import GatewayServer
 from tests.mock_upstream import (
     JSONReply,
@@ -860,7 +862,7 @@ def test_an_anthropic_clients_own_key_reaches_an_openai_compatible_upstream(
     """Passthrough: the key a client presents as ``x-api-key`` (as Claude Code and
     Anthropic's SDKs do) goes to an OpenAI-compatible upstream as Authorization, on the
     client's request and on the summary calls made for its conversation."""
-    from tests.gateway.test_summaries import SummaryModel, turns
+    from tests.scenarios.test_summaries import SummaryModel, turns
 
     model = SummaryModel()
     upstream.handler = model
@@ -1089,3 +1091,30 @@ def test_a_thinking_block_before_a_restore_call_leads_the_answer(
     assert created.model_dump(exclude_none=True) == streamed.model_dump(exclude_none=True)
     assert [b.model_dump(exclude_none=True) for b in created.content] == [thinking, search]
     assert created.stop_reason == "tool_use"
+
+
+def test_claude_codes_tools_reach_anthropic_in_the_clients_bytes(
+    gateway: GatewayServer, upstream: MockUpstream
+) -> None:
+    """A Claude-Code-like tool list reaches Anthropic tool for tool in the client's bytes,
+    every key in the client's order (the prompt cache compares them), and the gateway's
+    restore tool after them."""
+    upstream.push(JSONReply(ANSWER))
+    request = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 32_000,
+        "messages": MESSAGES,
+        "tools": CLAUDE_CODE_TOOLS,
+    }
+    response = httpx.post(f"{gateway.url}/v1/messages", content=orjson.dumps(request))
+    assert response.status_code == 200
+    (sent,) = upstream.received
+    tools = sent.json()["tools"]
+    assert [tool["name"] for tool in tools] == [
+        *(tool["name"] for tool in CLAUDE_CODE_TOOLS),
+        RESTORE_TOOL_NAME,
+    ]
+    assert [list(tool.items()) for tool in tools[:-1]] == [
+        list(tool.items()) for tool in CLAUDE_CODE_TOOLS
+    ]
+    assert orjson.dumps(CLAUDE_CODE_TOOLS)[:-1] in sent.body

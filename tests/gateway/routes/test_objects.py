@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import orjson
+import pytest
 
 from tests.conftest import settings_for
 from tests.harness import GatewayServer
@@ -146,3 +147,12 @@ def test_an_object_that_is_not_utf8_is_octet_stream(upstream: MockUpstream) -> N
     assert response.status_code == 200
     assert response.content == b"\xff\xfe binary\n"
     assert response.headers.get_list("content-type") == ["application/octet-stream"]
+
+
+@pytest.mark.parametrize("value", ["²", "9" * 5_000, "-1", "0"])
+def test_odd_line_numbers_are_refused(value: str) -> None:
+    from gateway.errors import InvalidRequest
+    from gateway.routes.objects import _line_param
+
+    with pytest.raises(InvalidRequest):
+        _line_param(value, "start_line")

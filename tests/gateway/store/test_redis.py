@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.breaker import CircuitBreaker
 from gateway.config import StoreSettings
 from gateway.store import REF_PATTERN
-from gateway.store.redis import CircuitBreaker, RedisBackend, RedisConversations, RedisStore
+from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
 from pipelines import ConversationState, StoreError
 from tests.harness import RedisServer, redis_server
 

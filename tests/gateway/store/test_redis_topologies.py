@@ -18,8 +18,7 @@ import pytest
 from gateway.config import Settings, StoreSettings, UpstreamSettings
 from gateway.store.redis import RedisBackend, RedisStore
 from pipelines import StoreError
-from tests.gateway.test_limits import KEY, chat, limited
-from tests.gateway.test_summaries import SummaryModel, chat_requests, post, recalled, turns
+from tests.gateway.tenancy.test_limits import KEY, chat, limited
 from tests.harness import GatewayServer, free_port
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 from tests.redis_topologies import (
@@ -28,6 +27,7 @@ from tests.redis_topologies import (
     cluster_deployment,
     sentinel_deployment,
 )
+from tests.scenarios.test_summaries import SummaryModel, chat_requests, post, recalled, turns
 
 REF = re.compile(r"ctx_[A-Za-z0-9_-]{22,}")
 CALLER = "sk-topologies"
