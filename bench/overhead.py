@@ -47,6 +47,7 @@ RESULTS_START = "<!-- overhead:start -->"
 RESULTS_END = "<!-- overhead:end -->"
 BASELINE_START = "<!-- overhead-baseline:start -->"
 BASELINE_END = "<!-- overhead-baseline:end -->"
+BASELINE_HEADING = "## Overhead against the commit before"
 
 
 def free_port() -> int:
@@ -266,10 +267,17 @@ def write_baseline(output: Path, rows: list[dict[str, Any]], n: int, baseline: P
         text=True,
         check=False,
     ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    changes = " (with the working tree's changes)" if dirty else ""
     lines = [
         BASELINE_START,
         f"Measured {date} on {machine()}; `python -m bench.overhead --requests {n}"
-        f" --baseline <checkout of {head}>` from {ours} (with the working tree's changes):"
+        f" --baseline <checkout of {head}>` from {ours}{changes}:"
         " both gateways up at once, every round sending the request to the mock, the bare"
         " passthrough, this gateway and the baseline's, in rotating order; milliseconds,"
         " medians of the round's requests; added = p50 less the direct p50.",
@@ -288,7 +296,7 @@ def write_baseline(output: Path, rows: list[dict[str, Any]], n: int, baseline: P
         )
     lines.append(BASELINE_END)
     block = "\n".join(lines)
-    write_block(output, BASELINE_START, BASELINE_END, block)
+    write_block(output, BASELINE_START, BASELINE_END, block, BASELINE_HEADING)
     return block
 
 

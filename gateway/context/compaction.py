@@ -155,9 +155,9 @@ def _summarizer(
             target = services.target(call.caller, name, call.headers)
         except InvalidRequest:
             return None
-    reserve = services.pipeline.catalog.lookup(name).output_reserve
+    catalog = services.pipeline.catalog
     return UpstreamSummarizer(
-        chat_post(target.provider, target.headers, reserve),
+        chat_post(target.provider, target.headers, lambda m: catalog.lookup(m).output_reserve),
         timeout=policy.summary_timeout,
         breaker=services.summary_breaker,
         plain=services.structured_refused,

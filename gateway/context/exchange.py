@@ -97,6 +97,11 @@ class Wire(Protocol):
         """The id the upstream gave a whole answer, if any."""
         ...
 
+    def check(self, body: bytes) -> None:
+        """Refuse (``UpstreamInvalidAnswer``, a 502) a success whose body the client's API
+        cannot be given."""
+        ...
+
     def usage_tracker(self) -> UsageTracker: ...
 
     def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
@@ -177,6 +182,8 @@ async def exchange(
     limit = None if response.is_success else upstream.settings.max_error_body_bytes
     with span.current():
         body = await while_connected(call.receive, upstream.read_body(response, limit))
+        if response.is_success:
+            wire.check(body)
     span.answered(response.status_code, body)
     services.metrics.upstream_answered(
         upstream.provider, perf_counter() - sending, response.is_success
@@ -280,6 +287,8 @@ def _resend(wire: Wire, outgoing: dict[str, Any], headers: Mapping[str, str]) ->
             response = await wire.send(outgoing, headers, extra=extra)
             limit = None if response.is_success else wire.upstream.settings.max_error_body_bytes
             body = await wire.upstream.read_body(response, limit)
+            if response.is_success and not is_event_stream(response):
+                wire.check(body)
         call.answered(response.status_code, body)
         if not response.is_success or is_event_stream(response):
             raise UpstreamAnswered(response, body)

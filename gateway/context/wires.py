@@ -24,7 +24,7 @@ from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.context.restore import messages as restore_messages
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
-from gateway.providers.openai import ChatUpstream
+from gateway.providers.openai import ChatUpstream, json_answer
 
 __all__ = ["ChatWire", "MessagesWire"]
 
@@ -76,6 +76,9 @@ class ChatWire:
     def answer_id(self, body: bytes) -> str | None:
         return _answer_id(body)
 
+    def check(self, body: bytes) -> None:
+        return None  # relayed as it came
+
     def usage_tracker(self) -> _ChunkUsage:
         return _ChunkUsage()
 
@@ -95,15 +98,20 @@ class MessagesWire:
     the pipeline's chat request (``to_request`` with a Messages client's own fields,
     ``to_messages`` for a chat client's)."""
 
-    __slots__ = ("request", "upstream")
+    __slots__ = ("for_chat", "request", "upstream")
 
     def __init__(
         self,
         upstream: AnthropicUpstream,
         request: Callable[[Mapping[str, Any]], dict[str, Any]],
+        *,
+        for_chat: bool = False,
     ) -> None:
         self.upstream = upstream
         self.request = request
+        self.for_chat = for_chat
+        """Whether the answers are translated for a chat client (``check`` then requires
+        a message it can translate; a Messages client gets Anthropic's bytes as they are)."""
 
     async def send(
         self,
@@ -132,6 +140,10 @@ class MessagesWire:
 
     def answer_id(self, body: bytes) -> str | None:
         return _answer_id(body)
+
+    def check(self, body: bytes) -> None:
+        if self.for_chat:
+            json_answer(body, "a message", listing="content")
 
     def usage_tracker(self) -> _EventUsage:
         return _EventUsage()

@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from time import monotonic
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import httpx
@@ -33,6 +33,7 @@ from gateway.http.forwarding import relayable_response_headers
 from gateway.http.sse import KEEPALIVE, close, error_event
 
 __all__ = [
+    "EVENT_STREAM",
     "ErrorEvent",
     "Pick",
     "RelayStream",
@@ -142,6 +143,9 @@ async def first_event(events: AsyncIterator[bytes]) -> bytes:
     )
 
 
+EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
+"""The type of a stream the gateway makes (or translates) itself."""
+
 ErrorEvent = Callable[[GatewayError], bytes]
 
 
@@ -210,13 +214,19 @@ def streamed_response(
     *,
     keepalive: float,
     pick: Pick | None = None,
+    content_type: str | None = None,
 ) -> ASGIResponse:
     """The upstream's stream relayed: ``first``, then the rest of ``events``; a failure on
     the way ends it with ``error``'s terminal event; a comment every ``keepalive`` seconds
-    of silence (0: none); the upstream's headers, or ``pick``'s choice of them."""
+    of silence (0: none); the upstream's headers, or ``pick``'s choice of them, with
+    ``content_type`` for the upstream's when given (a stream translated for another
+    API)."""
     relayed = relayable_response_headers(response.headers)
     if pick is not None:
         relayed = pick(response.status_code, relayed)
+    if content_type is not None:
+        relayed = [(k, v) for k, v in relayed if k.lower() != "content-type"]
+        relayed.append(("content-type", content_type))
     relayed.extend(headers.items())
     relayed.append(("x-accel-buffering", "no"))
     return RelayStream(

@@ -15,6 +15,7 @@ from litestar.response.base import ASGIResponse
 
 from gateway.context.exchange import Buffered, Streamed
 from gateway.http.responses import (
+    EVENT_STREAM,
     ErrorEvent,
     buffered_response,
     openai_error_event,
@@ -47,21 +48,33 @@ def respond(
 ) -> ASGIResponse:
     """``answer`` as the route's response: a stream ending in ``error``'s event if it
     fails, kept alive every ``keepalive`` seconds; translated by ``translation``."""
-    pick = translation.headers if translation is not None else None
+    if translation is None:
+        if isinstance(answer, Buffered):
+            return buffered_response(answer.response, answer.body, answer.headers, answer.status)
+        return streamed_response(
+            answer.response,
+            answer.first,
+            answer.events,
+            answer.headers,
+            request_id,
+            error,
+            keepalive=keepalive,
+        )
+    # Translated, the body is the gateway's: JSON, or a stream of the client's events,
+    # whatever type the upstream's own body was.
+    pick = translation.headers
     if isinstance(answer, Buffered):
         status = answer.status or answer.response.status_code
-        body = answer.body if translation is None else translation.body(status, answer.body)
-        return buffered_response(answer.response, body, answer.headers, answer.status, pick=pick)
-    first, events = answer.first, answer.events
-    if translation is not None:
-        first, events = b"", translation.events(first, events)
+        body = translation.body(status, answer.body)
+        return buffered_response(answer.response, body, answer.headers, status, pick=pick)
     return streamed_response(
         answer.response,
-        first,
-        events,
+        b"",
+        translation.events(answer.first, answer.events),
         answer.headers,
         request_id,
         error,
         keepalive=keepalive,
         pick=pick,
+        content_type=EVENT_STREAM,
     )

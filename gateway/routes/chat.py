@@ -63,7 +63,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     info = gateway.pipeline.catalog.lookup(target.model)
     headers, binding = _bound(chat, target) if info.thinking_bound else (target.headers, None)
     request_for = partial(to_messages, default_max_tokens=info.output_reserve, thinking=binding)
-    got = await answer(gateway, call, chat, MessagesWire(anthropic, request_for), headers)
+    got = await answer(
+        gateway, call, chat, MessagesWire(anthropic, request_for, for_chat=True), headers
+    )
     options = chat.body.get("stream_options")
     usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
     return respond(got, call.request_id, keepalive=keepalive, translation=_from_claude(usage))

@@ -6,7 +6,7 @@ is; to Claude as its Messages translation, the answer translated back
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -23,11 +23,13 @@ __all__ = ["chat_post"]
 def chat_post(
     provider: ChatUpstream | AnthropicUpstream,
     headers: Mapping[str, str],
-    default_max_tokens: int,
+    max_tokens_for: Callable[[str], int],
 ) -> ChatPost:
     """The summarizer's calls to ``provider`` with ``headers``: a chat completions request
-    there, or its Messages translation to Claude (``default_max_tokens`` when it sets
-    none), with the answer made a chat completion and an error put in OpenAI's envelope."""
+    there, or its Messages translation to Claude (``max_tokens_for`` the model the call
+    names when it sets none: the summarizer may call the request's own model when the
+    summary model's window is too small), with the answer made a chat completion and an
+    error put in OpenAI's envelope."""
     headers = {**headers, "content-type": "application/json"}
 
     async def post(body: dict[str, Any]) -> tuple[int, bytes]:
@@ -37,7 +39,7 @@ def chat_post(
                 "POST", "chat/completions", headers=headers, content=content
             )
             return response.status_code, await provider.read_body(response, _limit(response))
-        request = to_messages(body, default_max_tokens=default_max_tokens)
+        request = to_messages(body, default_max_tokens=max_tokens_for(str(body.get("model", ""))))
         response = await provider.send_messages(orjson.dumps(request), headers)
         answer = await provider.read_body(response, _limit(response))
         if not response.is_success:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -16,6 +17,7 @@ from gateway.context.restore import RESTORE_TOOL
 from pipelines import TokenCounter
 from tests.conftest import settings_for
 from tests.harness import GatewayServer
+from tests.in_process import in_process
 from tests.mock_upstream import (
     Drop,
     Hang,
@@ -810,3 +812,149 @@ def test_other_errors_are_not_retried(gateway: GatewayServer, upstream: MockUpst
     assert response.status_code == 400
     assert response.headers["x-contextgate-attempts"] == "1"
     assert len(upstream.received) == 1
+
+
+# Claude for a chat client, in process (``tests/in_process.py``): the translated answer.
+
+CLAUDE_USAGE = {
+    "input_tokens": 30,
+    "output_tokens": 5,
+    "cache_read_input_tokens": 100,
+    "cache_creation_input_tokens": 20,
+}
+
+
+def _claude_stream() -> bytes:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4",
+        "content": [],
+        "stop_reason": None,
+        "usage": CLAUDE_USAGE,
+    }
+    events = [
+        ("message_start", {"type": "message_start", "message": message}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hi."},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 5},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return b"".join(
+        b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+        for kind, data in events
+    )
+
+
+def _metric(metrics: str, name: str, **labels: str) -> float:
+    found = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            found += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def test_a_claude_stream_reaches_a_chat_client_as_an_event_stream_with_its_usage() -> None:
+    """The translated stream is typed as one (SSE clients check), and Claude's usage is
+    counted though the client did not ask for a usage chunk, cache writes included."""
+
+    def stream(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
+            200, headers={"content-type": "text/event-stream"}, content=_claude_stream()
+        )
+
+    async with in_process(anthropic=stream) as gateway:
+        response = await gateway.client.post(
+            "/v1/chat/completions",
+            json={"model": "claude-sonnet-4", "messages": MESSAGES, "stream": True},
+            headers={"authorization": "Bearer sk-ant-caller-0001"},
+        )
+        metrics = (await gateway.client.get("/metrics")).text
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert b'"content":"Hi."' in response.content
+    assert response.content.endswith(b"data: [DONE]\n\n")
+    tokens = "contextgate_upstream_tokens_total"
+    assert _metric(metrics, tokens, kind="input", model="claude-sonnet-4") == 150
+    assert _metric(metrics, tokens, kind="cache_write", model="claude-sonnet-4") == 20
+
+
+async def test_a_claude_success_that_is_not_a_message_is_a_502_and_not_a_success() -> None:
+    def garbled(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=b"<html>not json</html>")
+
+    async with in_process(anthropic=garbled) as gateway:
+        response = await gateway.client.post(
+            "/v1/chat/completions",
+            json={"model": "claude-sonnet-4", "messages": MESSAGES},
+            headers={"authorization": "Bearer sk-ant-caller-0001"},
+        )
+        metrics = (await gateway.client.get("/metrics")).text
+    assert response.status_code == 502
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["code"] == "upstream_invalid_answer"
+    duration = "contextgate_upstream_duration_seconds_count"
+    assert _metric(metrics, duration, provider="anthropic", outcome="success") == 0
+
+
+async def test_a_claude_answer_after_a_restore_round_holds_every_rounds_text_and_thinking() -> None:
+    """Not streamed, a chat client gets what a stream shows: each round's text and the
+    thinking that went with it; the round is resent with its thinking block first, as
+    Claude with thinking on requires."""
+    ref = "ctx_" + "A" * 24
+    usage = {"input_tokens": 10, "output_tokens": 3}
+    looked = {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4",
+        "content": [
+            {"type": "thinking", "thinking": "Look it up.", "signature": "sig1"},
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "toolu_1", "name": "context_restore", "input": {"ref": ref}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": usage,
+    }
+    done = {**looked, "id": "msg_02", "content": [{"type": "text", "text": " Done."}]}
+    done["stop_reason"] = "end_turn"
+    answers = [httpx2.Response(200, json=looked), httpx2.Response(200, json=done)]
+    asked = [{"role": "user", "content": f"See {ref}."}]
+    async with in_process(anthropic=lambda request: answers.pop(0)) as gateway:
+        response = await gateway.client.post(
+            "/v1/chat/completions",
+            json={"model": "claude-sonnet-4", "messages": asked},
+            headers={"authorization": "Bearer sk-ant-caller-0001"},
+        )
+    message = response.json()["choices"][0]["message"]
+    assert message["content"] == "Let me look. Done."
+    assert message["thinking_blocks"] == [
+        {"type": "thinking", "thinking": "Look it up.", "signature": "sig1"}
+    ]
+    resent = orjson.loads(gateway.anthropic_received[1].content)["messages"]
+    assert resent[-2]["role"] == "assistant"
+    assert resent[-2]["content"][0] == looked["content"][0]
+    assert resent[-1]["content"][0]["type"] == "tool_result"

@@ -23,6 +23,7 @@ from pipelines.cache_break import without_markers
 from tests.gateway.codecs.chat_anthropic.samples import STREAMS, TRACES, events_of
 from tests.gateway.codecs.messages.samples import CLAUDE_CODE_TOOLS
 from tests.harness import GatewayServer
+from tests.in_process import in_process
 from tests.mock_upstream import (
     JSONReply,
     MockUpstream,
@@ -1118,3 +1119,34 @@ def test_claude_codes_tools_reach_anthropic_in_the_clients_bytes(
         list(tool.items()) for tool in CLAUDE_CODE_TOOLS
     ]
     assert orjson.dumps(CLAUDE_CODE_TOOLS)[:-1] in sent.body
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "body"),
+    [
+        (502, "text/html", b"<html>Bad gateway</html>"),
+        (200, "application/json; charset=utf-8", orjson.dumps(chat_completion("Hi."))),
+    ],
+)
+async def test_an_openai_models_answer_is_json_for_a_messages_client_whatever_it_was(
+    status: int, content_type: str, body: bytes
+) -> None:
+    """In process: the answer a Messages client gets from an OpenAI-compatible model is the
+    gateway's translation, typed as JSON, whatever type the upstream's body had."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers={"content-type": content_type}, content=body)
+
+    async with in_process(answer) as gateway:
+        response = await gateway.client.post(
+            "/v1/messages",
+            json={
+                "model": "gpt-4o",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+            headers={"anthropic-version": "2023-06-01", "x-api-key": "sk-caller-0001"},
+        )
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["type"] == ("error" if status >= 400 else "message")

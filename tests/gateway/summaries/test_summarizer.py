@@ -39,7 +39,7 @@ def answering(summary: Any) -> JSONReply:
 async def run(upstream: MockUpstream, **options: Any) -> Any:
     client = Upstream(UpstreamSettings(base_url=upstream.base_url))
     try:
-        post = chat_post(client, {"authorization": "Bearer sk-x"}, 4_096)
+        post = chat_post(client, {"authorization": "Bearer sk-x"}, lambda model: 4_096)
         summarizer = UpstreamSummarizer(post, **options)
         return await summarizer.summarize(HISTORY, model="gpt-4o-mini")
     finally:
