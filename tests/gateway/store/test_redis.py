@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.breaker import CircuitBreaker
 from gateway.config import StoreSettings
 from gateway.store import REF_PATTERN
 from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
@@ -126,25 +125,6 @@ async def test_conversation_records_round_trip_and_fail_soft(server: RedisServer
     assert await records.get("ns", "conv") is None  # unreadable: treated as new
     await records.put("ns", "conv", state)  # dropped, no exception
     await backend.aclose()
-
-
-def test_the_breaker_opens_half_opens_and_closes() -> None:
-    now = [0.0]
-    breaker = CircuitBreaker(2, 1.0, clock=lambda: now[0])
-    breaker.failure()
-    assert breaker.allow()
-    breaker.failure()
-    assert breaker.state == "open"
-    assert not breaker.allow()
-    now[0] = 1.0
-    assert breaker.allow()  # the one trial
-    assert not breaker.allow()
-    breaker.failure()
-    assert breaker.state == "open"
-    now[0] = 2.0
-    assert breaker.allow()
-    breaker.success()
-    assert breaker.state == "closed"
 
 
 async def test_replicas_agree_on_the_secret_after_redis_restarts_empty(

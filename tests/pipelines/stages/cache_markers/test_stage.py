@@ -1,10 +1,9 @@
-"""cache_markers: Anthropic/Qwen breakpoints (at most 4 with the client's), the OpenAI
-prompt_cache_key, and the prediction of cache breaks."""
+"""cache_markers: Anthropic/Qwen breakpoints (at most 4 with the client's) and the OpenAI
+prompt_cache_key."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -18,70 +17,25 @@ from pipelines import (
     Policy,
     StageContext,
 )
-from pipelines.cache_break import without_markers
 from pipelines.stages.cache_markers import CacheMarkers, cache_key
+from tests.pipelines.stages.cache_markers.samples import (
+    CLAUDE,
+    HOUR,
+    MARK,
+    POLICY,
+    QWEN,
+    REPLAYED,
+    breaks_of,
+    call,
+    details,
+    history,
+    marked,
+    run,
+    stage_details,
+    tool,
+)
 from tests.pipelines.stages.cache_replay import COUNTER, to_anthropic, trajectories
 from tests.pipelines.stages.cache_replay import replay as replay_traces
-
-MARK = {"type": "ephemeral"}
-HOUR = {"type": "ephemeral", "ttl": "1h"}
-POLICY = "You are the airline's agent. Follow the booking policy to the letter. " * 100
-CLAUDE, QWEN = "claude-sonnet-4-5", "qwen-max"
-
-
-def call(n: int) -> dict[str, Any]:
-    return {"id": f"c{n}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
-
-
-def tool(name: str, words: int = 20) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": name, "description": "Looks it up. " * words, "parameters": {}},
-    }
-
-
-def history(turns: int = 3, system: str | None = POLICY, output: int = 1) -> list[dict[str, Any]]:
-    """A system prompt (about 1,300 tokens) and ``turns`` exchanges, each with a tool call
-    whose output repeats its line ``output`` times (about 6 tokens a line)."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    for n in range(turns):
-        messages.append({"role": "user", "content": f"Question {n}: what about flight {n}?"})
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call(n)]})
-        content = f"flight {n}: on time\n" * output
-        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": content})
-        messages.append({"role": "assistant", "content": f"Flight {n} is on time."})
-    messages.append({"role": "user", "content": "And the next one?"})
-    return messages
-
-
-async def run(
-    messages: list[dict[str, Any]],
-    model: str = CLAUDE,
-    *,
-    state: ConversationState | None = None,
-    stages: list[Any] | None = None,
-    now: float = 1_000.0,
-    **fields: Any,
-) -> Any:
-    request = {"model": model, "messages": messages, **fields}
-    pipeline = Pipeline(stages=stages or [CacheMarkers()])
-    return await pipeline.compact(request, state=state, now=now)
-
-
-def details(result: Any) -> dict[str, Any]:
-    """What the stage reported for the request of ``result``."""
-    return stage_details(result.report)
-
-
-def stage_details(report: Any) -> dict[str, Any]:
-    stage = report.stage("cache_markers")
-    assert stage is not None
-    assert stage.error is None
-    return stage.details  # type: ignore[no-any-return]
-
-
-def marked(messages: list[dict[str, Any]]) -> list[int]:
-    return [i for i, m in enumerate(messages) if "cache_control" in orjson.dumps(m).decode()]
 
 
 async def test_anthropic_marks_the_newest_message_and_the_system_prompt() -> None:
@@ -362,133 +316,6 @@ async def test_families_without_cache_hints_are_left_alone() -> None:
         assert not (await run(history(), model=model)).changed
 
 
-async def breaks_of(
-    requests: list[dict[str, Any]], gaps: list[float] | None = None
-) -> list[str | None]:
-    """The cache_break each request of a conversation records, sent in turn."""
-    pipeline = Pipeline(stages=[CacheMarkers()])
-    state, now, causes = None, 1_000.0, []
-    for index, request in enumerate(requests):
-        now += gaps[index] if gaps else 5.0
-        result = await pipeline.compact(request, state=state, now=now)
-        causes.append(result.report.cache_break)
-        state = ConversationState.from_json(result.state.answered(at=now).to_json())
-    return causes
-
-
-def grow(request: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """The next request of the conversation: one exchange more, with ``changes``."""
-    messages = [*request["messages"], {"role": "assistant", "content": "Done."}]
-    messages.append({"role": "user", "content": "Thanks, one more thing."})
-    return {**request, "messages": messages, **changes}
-
-
-async def test_cache_breaks_are_predicted_with_their_cause() -> None:
-    """A changed model, system prompt or tool (changed, or only reordered) is named as the
-    break's cause; a request that only grows is no break; markers the client moves are."""
-    tools = [tool("a"), tool("b")]
-    first = {"model": CLAUDE, "messages": history(), "tools": tools}
-    steady = grow(first)
-    steady["messages"][0] = {**steady["messages"][0], "cache_control": MARK}
-    model = grow(steady, model="claude-opus-4-1")
-    system = grow(model)
-    system["messages"][0] = {"role": "system", "content": POLICY + " Be brief."}
-    reordered = grow(system, tools=[tools[1], tools[0]])
-    changed = grow(reordered, tools=[tools[1], tool("a", words=3)])
-    both = grow(changed, model=CLAUDE, tools=tools)
-    requests = [first, steady, model, system, reordered, changed, both]
-    assert await breaks_of(requests) == [None, None, "model", "system", "tools", "tools", "model"]
-
-
-async def test_tool_changes_say_how_the_tools_changed() -> None:
-    """The report tells a reordered tools array from a changed, added or removed tool."""
-    tools = [tool("a"), tool("b")]
-    first = {"model": CLAUDE, "messages": history(), "tools": tools}
-    for new, how in (
-        ([tools[1], tools[0]], "order"),
-        ([tools[0], tool("b", words=2)], "changed"),
-        ([*tools, tool("c")], "added"),
-        ([tools[0]], "removed"),
-    ):
-        pipeline = Pipeline(stages=[CacheMarkers()])
-        sent = await pipeline.compact(first, now=1_000.0)
-        result = await pipeline.compact(
-            grow(first, tools=new), state=sent.state.answered(at=1_000.0), now=1_005.0
-        )
-        assert result.report.cache_break == "tools"
-        assert details(result)["cache_break_tools"] == how
-
-
-async def test_an_idle_conversation_breaks_on_the_ttl_and_compaction_outranks_it() -> None:
-    """Back after the family's cache TTL (5 minutes for Claude) the break is ``ttl``;
-    within it, none; a compaction event in the same request is named instead of the TTL."""
-    first = {"model": CLAUDE, "messages": history()}
-    second, third = grow(first), grow(grow(first))
-    assert await breaks_of([first, second, third], gaps=[5.0, 301.0, 200.0]) == [None, "ttl", None]
-
-
-async def test_a_compaction_event_is_a_break() -> None:
-    """A request whose messages do not start with those the previous one sent records a
-    ``compaction`` break (compress cutting the history for the first time); one whose
-    rewrites all come after them (the cache-TTL prune archiving outputs the previous
-    request did not have) leaves that prefix alone: only the expired TTL breaks it."""
-    from gateway.store import MemoryStore
-
-    policy = Policy(max_input=4_000)
-    request = {"model": CLAUDE, "messages": history(turns=2)}
-    more = history(turns=10, system=None, output=60)
-    longer = {
-        "model": CLAUDE,
-        "messages": [*request["messages"], {"role": "assistant", "content": "Let me see."}, *more],
-    }
-    for now, cache in ((1_005.0, "hot"), (2_000.0, "expired")):
-        pipeline = Pipeline(store=MemoryStore())
-        sent = await pipeline.compact(request, policy=policy, now=1_000.0)
-        assert sent.report.cache_break is None
-        state = sent.state.answered(at=1_000.0)
-        later = await pipeline.compact(longer, policy=policy, state=state, now=now)
-        assert later.report.cache == cache
-        assert later.report.is_event_after(sent.report)
-        acted = "compress" if cache == "hot" else "ttl_prune"
-        assert acted in later.report.actions
-        went_up = [without_markers(m) for m in sent.request["messages"]]
-        now_up = [without_markers(m) for m in later.request["messages"]]
-        extends = now_up[: len(went_up)] == went_up
-        assert extends is (cache == "expired")
-        assert later.report.cache_break == ("ttl" if extends else "compaction")
-
-
-async def test_a_diverged_history_is_not_a_break_and_old_records_still_load() -> None:
-    """A history that does not continue the record's previous request is another
-    conversation (no break is named); a record written before fingerprints were kept loads,
-    and a request against it names no false break."""
-    first = {"model": CLAUDE, "messages": history()}
-    pipeline = Pipeline(stages=[CacheMarkers()])
-    sent = await pipeline.compact(first, now=1_000.0)
-    other = {"model": "claude-opus-4-1", "messages": history(turns=1, system="Other prompt " * 400)}
-    diverged = await pipeline.compact(other, state=sent.state.answered(at=1_000.0), now=1_005.0)
-    assert diverged.report.cache == "diverged"
-    assert diverged.report.cache_break is None
-    old = ConversationState.from_json(b'{"last_seen": 1000.0, "calls": 1, "seen": 0}')
-    assert old.tool_hashes is None
-    assert old.model_hash == ""
-    assert (await pipeline.compact(grow(first), state=old, now=1_005.0)).report.cache_break is None
-
-
-def test_fingerprints_survive_the_records_wire_form() -> None:
-    """The fingerprints a request leaves in the record read back equal from JSON."""
-    state = ConversationState(
-        model_hash="m", system_hash="s", tool_hashes=("a", "b"), sent_messages=4, sent_last="x"
-    )
-    assert ConversationState.from_json(state.to_json()) == state
-
-
-# What the stage is worth: tau-bench trajectories replayed through the pipeline to a model
-# of Anthropic's prompt cache (bench.prompt_cache).
-
-REPLAYED = 60
-
-
 @pytest.mark.parametrize("max_input", [None, 8_000])
 async def test_replayed_traces_read_most_of_their_prompt_from_the_cache(
     max_input: int | None,
@@ -546,25 +373,6 @@ async def test_replayed_breakpoints_stay_on_their_messages_between_events(marker
     assert (
         events >= 5
     )  # several compaction events were crossed (compress keeps its cut between them)
-
-
-async def test_a_break_is_named_exactly_when_the_prompt_that_went_up_is_not_extended() -> None:
-    """Replayed sessions under compaction (the cache warm between turns): a request names a
-    cache break when, and only when, the prompt the previous request sent (as the
-    provider's cache reads it, markers aside) is not the start of its own, whatever the
-    stages did (compress keeping its cut sends the same prefix again)."""
-    bill = await replay_traces(trajectories(REPLAYED), Policy(max_input=8_000), markers="stage")
-    named = kept = 0
-    for reports, prompts in zip(bill.reports, bill.prompts, strict=True):
-        for index in range(1, len(reports)):
-            before, after = prompts[index - 1], prompts[index]
-            extends = len(after) >= len(before) and after[len(before) - 1] == before[-1]
-            cause = reports[index].cache_break
-            assert cause == (None if extends else "compaction"), (index, cause, extends)
-            named += cause is not None
-            kept += "compress" in reports[index].actions and extends
-    assert named >= 5
-    assert kept >= 20  # compress acted on many requests that broke nothing
 
 
 def breakpoints(report: Any) -> dict[Any, str]:
@@ -658,45 +466,6 @@ async def test_qwen_markers_never_land_on_an_empty_text_part() -> None:
     result = await run(messages, model=QWEN)
     assert {"at": len(messages) - 2, "why": "rolling"} in details(result)["markers"]
     assert result.request["messages"][-1] == messages[-1]
-
-
-async def test_crossing_the_light_level_without_rewriting_anything_is_no_break() -> None:
-    """A growing conversation that reaches compress's light level (deduplication) with no
-    duplicate to replace goes out with the previous request's prefix: no break is named,
-    as no compaction event is seen."""
-    from gateway.store import MemoryStore
-
-    pipeline, policy = Pipeline(store=MemoryStore()), Policy(max_input=4_000)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " * 60}]
-    state, reports = None, []
-    for n in range(18):
-        messages.append({"role": "user", "content": f"Weather in city {n}? " * 8})
-        result = await pipeline.compact(
-            {"model": CLAUDE, "messages": messages}, policy=policy, state=state, now=1_000.0 + n
-        )
-        reports.append(result.report)
-        state = result.state.answered(at=1_000.0 + n)
-        messages.append({"role": "assistant", "content": f"Sunny in city {n}. " * 8})
-    levels = [r.stage("compress").details.get("level") for r in reports]
-    assert levels[0] is None
-    assert levels[-1] == "light"
-    assert all(not r.stage("compress").changed for r in reports)
-    assert [r.cache_break for r in reports] == [None] * len(reports)
-    assert not any(now.is_event_after(before) for before, now in pairwise(reports))
-
-
-async def test_a_developer_message_appended_breaks_only_where_system_is_hoisted() -> None:
-    """A developer message added later in the conversation stays in place for gpt-4o
-    (the cached prefix is intact: no break), while Claude's API moves it into the system
-    prompt, before the cached history (a ``system`` break); a changed leading system
-    prompt is a break for both."""
-    for model, expected in (("gpt-4o", None), (CLAUDE, "system")):
-        first = {"model": model, "messages": history()}
-        reminder = grow(first)
-        reminder["messages"].insert(-1, {"role": "developer", "content": "Be brief."})
-        edited = grow(reminder)
-        edited["messages"][0] = {"role": "system", "content": POLICY + " Be brief."}
-        assert await breaks_of([first, reminder, edited]) == [None, expected, "system"]
 
 
 async def test_a_client_marking_its_newest_message_for_an_hour_keeps_the_cache_an_hour() -> None:

@@ -1,0 +1,84 @@
+"""The process's parts (``gateway.runtime.Gateway``): where a model's requests go, with
+which key and headers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
+from gateway.errors import InvalidRequest
+from gateway.providers.anthropic import AnthropicUpstream
+from gateway.providers.openai import Upstream
+from gateway.runtime import Gateway
+from gateway.tenancy.auth import Caller
+
+CLIENT = {
+    "authorization": "Bearer sk-caller-0001",
+    "anthropic-version": "2023-06-01",
+    "connection": "keep-alive",
+    "x-contextgate-policy": "trigger=0.6",
+}
+
+
+def build(**settings: object) -> Gateway:
+    return Gateway.build(Settings(**settings))  # type: ignore[arg-type]
+
+
+def passthrough(gateway: Gateway) -> Caller:
+    return Caller("ns", gateway.tenants.passthrough)
+
+
+async def test_claude_goes_to_anthropic_and_anything_else_to_the_openai_upstream() -> None:
+    gateway = build()
+    try:
+        caller = passthrough(gateway)
+        claude = gateway.target(caller, "claude-sonnet-4", CLIENT)
+        assert isinstance(claude.provider, AnthropicUpstream)
+        # A router's name for Claude is the router's to serve.
+        routed = gateway.target(caller, "anthropic/claude-sonnet-4", CLIENT)
+        assert isinstance(routed.provider, Upstream)
+        assert isinstance(gateway.target(caller, "gpt-4o", CLIENT).provider, Upstream)
+    finally:
+        await gateway.aclose()
+
+
+async def test_with_anthropic_off_claude_goes_to_the_openai_upstream() -> None:
+    gateway = build(anthropic=AnthropicSettings(enabled=False))
+    try:
+        target = gateway.target(passthrough(gateway), "claude-sonnet-4", CLIENT)
+        assert isinstance(target.provider, Upstream)
+    finally:
+        await gateway.aclose()
+
+
+async def test_the_headers_sent_are_the_clients_less_hop_and_gateway_ones() -> None:
+    gateway = build()
+    try:
+        target = gateway.target(passthrough(gateway), "gpt-4o", CLIENT)
+        assert target.model == "gpt-4o"
+        assert target.headers == {
+            "authorization": "Bearer sk-caller-0001",
+            "anthropic-version": "2023-06-01",
+            "content-type": "application/json",
+        }
+    finally:
+        await gateway.aclose()
+
+
+async def test_a_tenants_keys_replace_the_callers_and_claude_needs_one() -> None:
+    gateway = build(upstream=UpstreamSettings(api_key="sk-upstream-0001"))
+    try:
+        profile = replace(gateway.tenants.passthrough, tenant="blue")
+        caller = Caller("ns", replace(profile, upstream_api_key="sk-blue-openai-0001"))
+        sent = gateway.target(caller, "gpt-4o", CLIENT).headers
+        assert sent["authorization"] == "Bearer sk-blue-openai-0001"
+        with pytest.raises(InvalidRequest) as refused:
+            gateway.target(caller, "claude-sonnet-4", CLIENT)
+        assert refused.value.code == "provider_not_configured"
+        keyed = Caller("ns", replace(profile, anthropic_api_key="sk-ant-blue-0001"))
+        sent = gateway.target(keyed, "claude-sonnet-4", CLIENT).headers
+        assert sent["authorization"] == "Bearer sk-ant-blue-0001"
+    finally:
+        await gateway.aclose()
