@@ -29,6 +29,7 @@ from gateway.routes.models import list_models
 from gateway.routes.objects import get_object
 from gateway.routes.openapi import DocumentJson
 from gateway.routes.passthrough import relayed, stored_completions
+from gateway.routes.responses import responses
 from gateway.runtime import Gateway
 from gateway.telemetry.server_span import ServerSpans
 from gateway.telemetry.tracing import configure_tracing, flush_spans, tracing_on
@@ -124,6 +125,7 @@ def create_app(
             chat_completions,
             messages,
             count_tokens,
+            responses,
             compact_dry_run,
             get_object,
             list_models,

@@ -40,7 +40,9 @@ def is_system_turn(message: Mapping[str, Any]) -> bool:
 
 PartKind = Literal["text", "image", "media", "other"]
 
-_IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+_IMAGE_PARTS = frozenset({"image_url", "image", "input_image", "image_generation_call"})
+"""``image_generation_call`` is an OpenAI Responses item carried as a part: the image the
+model made, which the model sees again as an image."""
 _MEDIA_PARTS = frozenset(
     {"input_audio", "audio", "video", "video_url", "file", "input_file", "document"}
 )

@@ -103,17 +103,24 @@ async def compact(
     *,
     raw: bytes | None = None,
     dry_run: bool = False,
+    restore_tool: bool = True,
+    history_seen: bool = True,
 ) -> ChatRequest:
     """``body``, an OpenAI chat request (as received in ``raw`` when it came as one),
     compacted under its policy, with where it goes (``ChatRequest.target``, resolved here
     once). A ``dry_run`` resolves no target and asks no model for a summary (a checkpoint
-    already prepared is used)."""
+    already prepared is used). Without ``restore_tool`` (a client API whose wire has no
+    restore loop) the gateway's tool is never added. Without ``history_seen`` (a request
+    that continues a history the upstream keeps) the request is kept to hygiene (policy
+    mode ``off``): what the gateway cannot see, it cannot compact."""
     caller = call.caller
     call.record.read(body)
     refuse_upstream_choice(body)
     policy = policy_from_header(
         call.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
     )
+    if not history_seen:
+        policy = replace(policy, mode="off")
     model = str(body.get("model", ""))
     _check_models(caller, model, policy)
     target = None if dry_run else services.target(caller, model, call.headers)
@@ -126,9 +133,13 @@ async def compact(
         summaries = services.summaries.bind(
             namespace, conversation, summarizer, policy.summary_timeout
         )
-    result, tooled, content = await _compact_with_restore_tool(
-        services, raw, body, policy, state, namespace, conversation, summaries
-    )
+    if restore_tool:
+        result, tooled, content = await _compact_with_restore_tool(
+            services, raw, body, policy, state, namespace, conversation, summaries
+        )
+    else:
+        result = await _compact(services, body, policy, state, namespace, conversation, summaries)
+        tooled, content = None, None
     return ChatRequest(
         raw,
         tooled or body,

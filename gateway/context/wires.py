@@ -19,6 +19,7 @@ import orjson
 
 from gateway.codecs.anthropic_envelopes import error_status
 from gateway.codecs.chat_anthropic import usage_of
+from gateway.codecs.responses import chat_usage, error_event, response_of
 from gateway.context import restore
 from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.context.restore import messages as restore_messages
@@ -26,7 +27,7 @@ from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream, json_answer
 
-__all__ = ["ChatWire", "MessagesWire"]
+__all__ = ["ChatWire", "MessagesWire", "ResponsesWire"]
 
 
 class ChatWire:
@@ -91,6 +92,69 @@ class ChatWire:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return None
         return _error_status(error), data
+
+
+class ResponsesWire:
+    """The OpenAI Responses API on the wire, to an OpenAI-compatible upstream: ``request``
+    makes the Responses request for the pipeline's chat request (``to_request`` with the
+    client's own fields); the answer is relayed as it came. No restore loop: the
+    Responses route does not offer the restore tool (see ``docs/DECISIONS.md``)."""
+
+    __slots__ = ("_raw", "request", "upstream")
+
+    def __init__(
+        self,
+        upstream: ChatUpstream,
+        request: Callable[[Mapping[str, Any]], dict[str, Any]],
+        raw: bytes | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.request = request
+        self._raw = raw
+        """The body as received, sent as it is when the pipeline changed nothing."""
+
+    async def send(
+        self,
+        outgoing: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        encoded: bytes | None = None,
+        extra: list[dict[str, Any]] | None = None,
+    ) -> httpx.Response:
+        if self._raw is not None and not extra:
+            content = self._raw
+        else:
+            request = self.request(outgoing)
+            if extra:
+                request = {**request, "input": [*request.get("input", []), *extra]}
+            content = orjson.dumps(request)
+        return await self.upstream.send("POST", "responses", headers=headers, content=content)
+
+    async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
+        return body
+
+    def stream(
+        self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
+    ) -> AsyncIterator[bytes]:
+        return restore.chain(first, events)
+
+    def usage(self, body: bytes) -> dict[str, Any] | None:
+        response = response_of(body)
+        return chat_usage(response.get("usage")) if response is not None else None
+
+    def answer_id(self, body: bytes) -> str | None:
+        response = response_of(body)
+        found = response.get("id") if response is not None else None
+        return found if isinstance(found, str) else None
+
+    def check(self, body: bytes) -> None:
+        return None  # relayed as it came
+
+    def usage_tracker(self) -> _ResponseUsage:
+        return _ResponseUsage()
+
+    def stream_error(self, event: bytes) -> tuple[int, bytes] | None:
+        return error_event(event_data(event))
 
 
 class MessagesWire:
@@ -207,6 +271,28 @@ class _ChunkUsage:
         data = event_data(event)
         if data.startswith(b"{"):
             self.usage = _usage(data) or self.usage
+
+
+class _ResponseUsage:
+    """A Responses stream's usage and id: ``response.created`` names the response,
+    ``response.completed`` (or ``.incomplete``) carries its usage."""
+
+    __slots__ = ("answer_id", "usage")
+
+    def __init__(self) -> None:
+        self.usage: dict[str, Any] | None = None
+        self.answer_id: str | None = None
+
+    def add(self, event: bytes) -> None:
+        if self.answer_id is not None and b'"usage"' not in event:
+            return
+        response = response_of(event_data(event))
+        if response is None:
+            return
+        if self.answer_id is None:
+            found = response.get("id")
+            self.answer_id = found if isinstance(found, str) else ""
+        self.usage = chat_usage(response.get("usage")) or self.usage
 
 
 class _EventUsage:

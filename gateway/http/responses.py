@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import anyio
 import httpx
+import orjson
 from litestar import Response
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
@@ -43,6 +44,7 @@ __all__ = [
     "first_event",
     "is_event_stream",
     "openai_error_event",
+    "responses_error_event",
     "send_error",
     "streamed_response",
 ]
@@ -152,6 +154,13 @@ ErrorEvent = Callable[[GatewayError], bytes]
 def openai_error_event(error: GatewayError) -> bytes:
     """The terminal event of an OpenAI stream that failed (the SDK raises on it)."""
     return error_event(error.message, type=error.type, code=error.code)
+
+
+def responses_error_event(error: GatewayError) -> bytes:
+    """The terminal event of a Responses stream that failed: an ``error`` event (the SDK
+    raises on it)."""
+    event = {"type": "error", "code": error.code, "message": error.message, "param": None}
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def anthropic_error_event(error: GatewayError) -> bytes:

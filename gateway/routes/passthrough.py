@@ -3,7 +3,9 @@
 Litestar matches static path segments before parameters and does not backtrack, so the
 catch-all is declared again under each of the gateway's own paths that has relayed
 routes beneath it or beside it: ``GET /v1/chat/completions`` (stored completions; only
-``POST`` runs the pipeline), ``/v1/chat/completions/{id}...`` and ``/v1/models/{id}``.
+``POST`` runs the pipeline), ``/v1/chat/completions/{id}...``, ``/v1/models/{id}`` and
+``/v1/responses/...`` (``compact``, retrieve, ``input_items``, ``cancel``, delete: only
+``POST /v1/responses`` runs the pipeline).
 ``/v1/messages/*`` and ``/v1/context/*`` are the gateway's alone: an unknown path there
 is a 404.
 """
@@ -29,7 +31,12 @@ _METHODS: Final = [
 
 
 @route(
-    ["/v1/{path:path}", "/v1/chat/completions/{path:path}", "/v1/models/{path:path}"],
+    [
+        "/v1/{path:path}",
+        "/v1/chat/completions/{path:path}",
+        "/v1/models/{path:path}",
+        "/v1/responses/{path:path}",
+    ],
     http_method=_METHODS,
     include_in_schema=False,
 )

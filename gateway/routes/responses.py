@@ -1,0 +1,89 @@
+"""``POST /v1/responses``: the OpenAI Responses API through the context pipeline, streamed
+or not, for the openai SDK's ``responses``, the Agents SDK and Codex CLI.
+
+The request is read as a Responses request, turned into the chat request the pipeline
+works on (``gateway.codecs.responses``), compacted like any other, and sent to the
+OpenAI-compatible upstream as a Responses request again: every item the pipeline left
+alone as the client sent it (encrypted reasoning and compaction items are never edited),
+every other field as it came. The answer is the upstream's, byte for byte; its usage
+(``response.completed`` when streamed) feeds the conversation's record.
+
+A request that continues server-side state (``previous_response_id``, ``conversation``)
+is kept to hygiene: the gateway does not see the history it continues. Models served by
+Anthropic are not reached through this route (Claude has no Responses API): 400. The
+other ``/v1/responses/...`` routes (``compact``, retrieve, ``input_items``, ``cancel``,
+delete) are relayed (``gateway.routes.passthrough``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+from litestar import Request, post
+from litestar.response.base import ASGIResponse
+
+from gateway.codecs.responses import InboundRequest, parse_request, to_request
+from gateway.context.answer import answer
+from gateway.context.call import Call, Services
+from gateway.context.compaction import ChatRequest, compact
+from gateway.context.wires import ResponsesWire
+from gateway.errors import InvalidRequest
+from gateway.http.responses import responses_error_event
+from gateway.providers.anthropic import AnthropicUpstream
+from gateway.routes.answers import respond
+from gateway.routes.calls import received
+
+__all__ = ["compacted", "responses", "wire_for"]
+
+
+@post("/v1/responses", status_code=200)
+async def responses(request: Request[Any, Any, Any]) -> ASGIResponse:
+    """OpenAI Responses, streamed or not, through the context pipeline."""
+    gateway, call, raw = await received(request)
+    inbound = parse_request(raw)
+    chat = await compacted(gateway, call, inbound)
+    target = chat.target
+    assert target is not None  # not a dry run
+    got = await answer(gateway, call, chat, wire_for(chat, inbound, raw), target.headers)
+    keepalive = gateway.settings.stream_keepalive
+    return respond(got, call.request_id, keepalive=keepalive, error=responses_error_event)
+
+
+async def compacted(
+    services: Services, call: Call, inbound: InboundRequest, *, dry_run: bool = False
+) -> ChatRequest:
+    """``inbound`` through the pipeline: in full when the request carries its whole
+    history, kept to hygiene when it continues one the upstream keeps."""
+    chat = await compact(
+        services,
+        call,
+        inbound.chat,
+        dry_run=dry_run,
+        restore_tool=False,
+        history_seen=not inbound.stateful,
+    )
+    target = chat.target
+    if target is not None and isinstance(target.provider, AnthropicUpstream):
+        raise InvalidRequest(
+            f"{target.model} is served by Anthropic, which has no Responses API: use"
+            " /v1/messages or /v1/chat/completions for it.",
+            code="unsupported_model",
+            param="model",
+        )
+    return chat
+
+
+def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> ResponsesWire:
+    """The Responses wire for ``chat``: ``raw`` sent as it came when the pipeline changed
+    nothing."""
+    target = chat.target
+    assert target is not None
+    assert not isinstance(target.provider, AnthropicUpstream)
+    unchanged = raw if not chat.result.changed else None
+    return ResponsesWire(target.provider, partial(_request, inbound.native), unchanged)
+
+
+def _request(native: Mapping[str, Any], outgoing: Mapping[str, Any]) -> dict[str, Any]:
+    return to_request(outgoing, native)
