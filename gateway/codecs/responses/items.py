@@ -197,12 +197,25 @@ def _content_in(content: Any) -> Any:
 
 
 def _tool(item: Mapping[str, Any], key: str | None) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": key or "", "content": _output_of(item), ITEMS: [item]}
+
+
+def _output_of(item: Mapping[str, Any]) -> Any:
+    """An output item's content for the pipeline: its ``output`` when that is text or
+    parts, else the JSON of what it carries (a screenshot, a shell's results, a list of
+    tools), which the pipeline may count but the way back never rewrites."""
     output = item.get("output")
-    if isinstance(output, (str, list)):
-        content = _content_in(output)
-    else:
-        content = orjson.dumps(_payload(item)).decode()
-    return {"role": "tool", "tool_call_id": key or "", "content": content, ITEMS: [item]}
+    if isinstance(output, (str, list)) and not _structured(output):
+        return _content_in(output)
+    return orjson.dumps(_payload(item)).decode()
+
+
+def _structured(output: Any) -> bool:
+    """Whether ``output`` is a list of something other than content parts (a shell's
+    results)."""
+    return isinstance(output, list) and any(
+        not isinstance(part, Mapping) or not isinstance(part.get("type"), str) for part in output
+    )
 
 
 def _external(key: str) -> dict[str, Any]:
@@ -367,8 +380,10 @@ def _tool_back(
     content = message.get("content")
     if item is not None:
         output = item.get("output")
-        if content == output or "output" not in item:
+        if content == _output_of(item) or not isinstance(output, (str, list)):
             return dict(item)  # unchanged, or an output whose shape only its call knows
+        if _structured(output):
+            return dict(item)
         return {**item, "output": _parts_back(content, "input_text", output)}
     key = str(message.get("tool_call_id", ""))
     kind = kinds.get(key, "function_call")

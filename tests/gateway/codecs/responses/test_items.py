@@ -1,0 +1,227 @@
+"""Responses items <-> the pipeline's chat messages: what each item becomes, what a stage's
+change does on the way back, and the pairing rules through the real pipeline."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from gateway.codecs.responses.items import (
+    EXTERNAL,
+    ITEMS,
+    chat_messages,
+    pairing_key,
+    response_items,
+)
+from gateway.store import MemoryStore
+from pipelines import Pipeline, Policy
+from pipelines.messages import SYSTEM_TURN
+from tests.gateway.codecs.responses.samples import ENCRYPTED, checked, every_kind, tool_session
+
+
+def _roles(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["role"] + ("/turn" if m.get(SYSTEM_TURN) else "") for m in messages]
+
+
+def test_every_kind_comes_back_as_it_was_sent() -> None:
+    items = every_kind()
+    messages = chat_messages(items, "Follow the house style.")
+    assert response_items(messages) == items
+    assert orjson.dumps(response_items(messages)) == orjson.dumps(items)
+
+
+def test_each_kind_becomes_the_chat_message_the_pipeline_reads() -> None:
+    messages = chat_messages(every_kind(), "Follow the house style.")
+    assert _roles(messages)[:3] == ["system", "system", "user"]
+    # The model's run up to the first output: its reasoning and its call, one message.
+    run = messages[3]
+    assert run["role"] == "assistant"
+    assert [part["type"] for part in run["content"]] == ["reasoning"]
+    assert run["tool_calls"][0]["id"] == "call_1"
+    assert run["tool_calls"][0]["function"]["name"] == "shell"
+    # Every output answers its call by its pairing key, whatever the call's type.
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert answered == ["call_1", "call_2", "call_3", "call_4", "call_5", "call_6", "mcpr_1"]
+    called = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+    assert set(answered) <= called
+    # The output of a custom tool is its text; a local shell's is paired by its id.
+    tool = next(m for m in messages if m.get("tool_call_id") == "call_3")
+    assert tool["content"] == "a b.py".replace(" ", ".py ", 1).replace(".py.py", ".py")
+    # Hosted calls and the answer are parts of the model's last run, in their order.
+    last_run = [m for m in messages if m["role"] == "assistant"][-1]
+    kinds = [part["type"] for part in last_run["content"]]
+    assert kinds == ["image_generation_call", "output_text"]
+    hosted = next(m for m in messages if m.get("tool_calls", [{}])[0].get("id") == "mcpr_1")
+    assert [part["type"] for part in hosted["content"]] == [
+        "web_search_call",
+        "file_search_call",
+        "mcp_call",
+    ]
+    # A compaction and a reference are pinned where they stand; the last user message
+    # stays the last message.
+    assert _roles(messages)[-3:] == ["system/turn", "system/turn", "user"]
+    assert messages[-3]["content"] == [{"type": "compaction", "encrypted_content": ENCRYPTED}]
+
+
+def test_a_developer_message_after_the_history_began_is_a_turn() -> None:
+    items = checked(
+        [
+            {"role": "developer", "content": "Rules."},
+            {"role": "user", "content": "Hi"},
+            {"role": "developer", "content": "Now in plan mode."},
+        ]
+    )
+    assert _roles(chat_messages(items, None)) == ["system", "user", "system/turn"]
+
+
+def test_a_plain_answer_is_text_a_stage_may_shorten() -> None:
+    items = checked(
+        [
+            {"role": "user", "content": "Explain."},
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "A long answer.", "annotations": []}],
+            },
+        ]
+    )
+    messages = chat_messages(items, None)
+    assert messages[1]["content"] == "A long answer."
+    shortened = [messages[0], {**messages[1], "content": "[Shortened] A long"}]
+    back = response_items(shortened)
+    assert back[1] == {
+        **items[1],
+        "content": [{"type": "output_text", "text": "[Shortened] A long", "annotations": []}],
+    }
+
+
+def test_an_offloaded_output_keeps_its_call_id_and_type() -> None:
+    items = tool_session(1, 200)
+    messages = chat_messages(items, None)
+    index = next(i for i, m in enumerate(messages) if m["role"] == "tool")
+    messages[index] = {**messages[index], "content": "[offloaded as ctx_abc] preview"}
+    back = response_items(messages)
+    output = next(item for item in back if item.get("type") == "function_call_output")
+    assert output == {
+        "type": "function_call_output",
+        "call_id": "call_0",
+        "output": "[offloaded as ctx_abc] preview",
+    }
+
+
+def test_reasoning_goes_with_the_call_it_precedes() -> None:
+    items = checked(
+        [
+            {"role": "user", "content": "Go."},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": ENCRYPTED},
+            {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+            {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": ENCRYPTED},
+            {"type": "function_call", "call_id": "b", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "a", "output": "1"},
+            {"type": "function_call_output", "call_id": "b", "output": "2"},
+        ]
+    )
+    messages = chat_messages(items, None)
+    run = messages[1]
+    # A stage drops call "b" and its output (an orphan repair, say): its reasoning goes too.
+    without_b = {**run, "tool_calls": run["tool_calls"][:1]}
+    back = response_items([messages[0], without_b, messages[2]])
+    assert [item.get("id") or item.get("call_id") for item in back[1:]] == ["rs_1", "a", "a"]
+    # Dropping call "a" takes "rs_1" and keeps "rs_2" with "b".
+    without_a = {**run, "tool_calls": run["tool_calls"][1:]}
+    back = response_items([messages[0], without_a, messages[3]])
+    assert [item.get("id") or item.get("call_id") for item in back[1:]] == ["rs_2", "b", "b"]
+
+
+def test_what_a_stage_adds_comes_back_as_items() -> None:
+    items = tool_session(1, 100)
+    messages = chat_messages(items, None)
+    summary = {"role": "user", "content": "[Summary of earlier turns] ..."}
+    interrupted = {"role": "tool", "tool_call_id": "call_0", "content": "[interrupted]"}
+    back = response_items([messages[0], summary, messages[2], interrupted])
+    assert back[1] == {"type": "message", "role": "user", "content": summary["content"]}
+    assert back[-1] == {
+        "type": "function_call_output",
+        "call_id": "call_0",
+        "output": "[interrupted]",
+    }
+
+
+def test_an_output_whose_call_the_upstream_holds_stands_alone() -> None:
+    """A request continuing server-side state sends outputs of calls it does not hold:
+    the pipeline sees them answered (no orphan to repair), and they go up alone."""
+    items = checked([{"type": "function_call_output", "call_id": "held", "output": "42"}])
+    messages = chat_messages(items, None)
+    assert messages[0][EXTERNAL] is True
+    assert messages[0]["tool_calls"][0]["id"] == "held"
+    assert response_items(messages) == items
+
+
+def test_an_unknown_item_is_kept_verbatim_and_counted() -> None:
+    future = {
+        "type": "hologram_call",
+        "id": "h_1",
+        "payload": " ".join(f"w{i}" for i in range(200)),
+    }
+    paired = {"type": "teleport_call", "call_id": "t_1", "where": "mars"}
+    output = {"type": "teleport_call_output", "call_id": "t_1", "output": "arrived"}
+    items = [{"role": "user", "content": "Hi"}, future, paired, output]
+    messages = chat_messages(items, None)
+    assert messages[1][SYSTEM_TURN] is True  # outside a run: pinned
+    assert messages[2]["tool_calls"][0]["id"] == "t_1" == messages[3]["tool_call_id"]
+    assert pairing_key(output) == "t_1"
+    assert response_items(messages) == items
+    counter = Pipeline().counter("o200k_base")
+    assert counter.count_message(messages[1]) > 100
+
+
+async def test_compacted_through_the_pipeline_pairs_hold_and_reasoning_is_untouched() -> None:
+    items = tool_session(40, 24_000)
+    store = MemoryStore()
+    pipeline = Pipeline(store=store)
+    body = {"model": "gpt-5", "messages": chat_messages(items, "You are a coding agent.")}
+    result = await pipeline.compact(body, policy=Policy(max_input=60_000, mode="truncate"))
+    assert result.changed
+    assert result.report.tokens_after <= 60_000
+    back = response_items(result.request["messages"])
+    sent_reasoning = {
+        item["encrypted_content"] for item in items if item.get("type") == "reasoning"
+    }
+    for position, item in enumerate(back):
+        kind = item.get("type")
+        if kind == "reasoning":
+            # Never edited, and never without the call it precedes.
+            assert item["encrypted_content"] in sent_reasoning
+            assert back[position + 1]["type"] == "function_call"
+        if kind == "function_call_output":
+            calls = [i for i in back[:position] if i.get("type") == "function_call"]
+            assert item["call_id"] in {call["call_id"] for call in calls}
+        if kind == "function_call":
+            later = [i.get("call_id") for i in back[position:] if i.get("type") != "function_call"]
+            assert item["call_id"] in later
+    # Every output no longer sent whole is restorable, byte for byte, through the refs
+    # the request names (an archived preview names the ref of the output it previewed).
+    reachable: set[str] = set()
+    pending, seen = _refs(back), set()
+    assert pending
+    while pending:
+        ref = pending.pop()
+        seen.add(ref)
+        stored = await store.get("", ref)
+        assert stored is not None, ref
+        reachable.add(stored.decode())
+        pending |= _refs(stored.decode()) - seen
+    sent = {item.get("output") for item in back}
+    for item in items:
+        if item.get("type") == "function_call_output" and item["output"] not in sent:
+            assert item["output"] in reachable
+    assert ITEMS not in orjson.dumps(back).decode()
+
+
+def _refs(found: Any) -> set[str]:
+    text = found if isinstance(found, str) else orjson.dumps(found).decode()
+    return set(re.findall(r"ctx_[A-Za-z0-9_-]{22,}", text))
