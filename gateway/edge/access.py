@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 from litestar.enums import ScopeType
@@ -31,13 +31,15 @@ from gateway.store.redis import REQUEST_FAILURES
 from gateway.telemetry.metrics import TOKEN_KINDS, Metrics, ModelLabels, usage_counts
 from pipelines import ModelCatalog
 
-__all__ = ["AccessLog"]
+__all__ = ["ACCESS_LOG", "AccessLog", "Exchange"]
 
 log = logging.getLogger("contextgate.access")
 
 PROBES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
 """Routes an orchestrator or a scraper calls every few seconds: logged at DEBUG, and never
 counted as store fail-opens (``/readyz`` pings the store)."""
+ACCESS_LOG: Final = "contextgate.access_log"
+"""The key under which a WebSocket connection's scope state holds the ``AccessLog``."""
 UNMATCHED: Final = "unmatched"
 """The route of a request no route matched (404, 405)."""
 _ERROR_BODY: Final = 4_096
@@ -67,6 +69,9 @@ class AccessLog:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
+            if scope["type"] == ScopeType.WEBSOCKET:
+                # A WebSocket route logs each exchange on its connection itself.
+                scope.setdefault("state", {})[ACCESS_LOG] = self
             await self.app(scope, receive, send)
             return
         started = perf_counter()
@@ -99,8 +104,27 @@ class AccessLog:
         store_failures: int,
         escaped: BaseException | None,
     ) -> None:
-        status = response.status or 500  # uvicorn answers 500 when the app sent nothing
-        route = scope.get("path_template") or UNMATCHED
+        exchange = Exchange(
+            str(scope.get("method")),
+            scope["path"],
+            scope.get("path_template") or UNMATCHED,
+            response.status or 500,  # uvicorn answers 500 when the app sent nothing
+            response.span,
+            response.error_body,
+        )
+        self.record(record, exchange, seconds, store_failures, escaped)
+
+    def record(
+        self,
+        record: RequestRecord,
+        exchange: Exchange,
+        seconds: float,
+        store_failures: int = 0,
+        escaped: BaseException | None = None,
+    ) -> None:
+        """Count one exchange's metrics and write its line: an HTTP request's, or one
+        response on a WebSocket connection."""
+        status, route = exchange.status, exchange.route
         caller = record.caller
         if not self._tenanted:
             tenant = "passthrough"
@@ -110,7 +134,7 @@ class AccessLog:
             tenant = caller.tenant or ""
         label = self._models(record.model, answered=record.answered)
         report, usage = record.report, record.usage
-        error = _error_of(response.error_body) if response.error_body is not None else None
+        error = _error_of(exchange.error_body) if exchange.error_body is not None else None
         probe = route in PROBES
 
         metrics = self._metrics
@@ -124,14 +148,13 @@ class AccessLog:
         level = logging.DEBUG if probe else logging.INFO
         if not log.isEnabledFor(level):
             return
-        line = self._line(scope, record, response, seconds, tenant, store_failures, error, escaped)
+        line = self._line(exchange, record, seconds, tenant, store_failures, error, escaped)
         log.log(level, "%s %s %d", line["method"], line["path"], status, extra={"fields": line})
 
     def _line(
         self,
-        scope: Scope,
+        exchange: Exchange,
         record: RequestRecord,
-        response: _Response,
         seconds: float,
         tenant: str,
         store_failures: int,
@@ -140,14 +163,14 @@ class AccessLog:
     ) -> dict[str, Any]:
         """The access log line's fields."""
         line: dict[str, Any] = {"request_id": record.request_id}
-        span = response.span
+        span = exchange.span
         if span.is_valid:
             line["trace_id"] = f"{span.trace_id:032x}"
             line["span_id"] = f"{span.span_id:016x}"
-        line["method"] = scope.get("method")
-        line["path"] = scope["path"][:_FIELD_CHARS]
-        line["route"] = scope.get("path_template") or UNMATCHED
-        line["status"] = response.status or 500
+        line["method"] = exchange.method
+        line["path"] = exchange.path[:_FIELD_CHARS]
+        line["route"] = exchange.route
+        line["status"] = exchange.status
         line["duration_ms"] = round(seconds * 1000, 3)
         line["tenant"] = tenant or None
         if record.model is not None:
@@ -177,6 +200,19 @@ class AccessLog:
         if self._log_prompts and record.stream is not None:
             line["messages"] = record.messages
         return line
+
+
+class Exchange(NamedTuple):
+    """What the access log reads of one exchange besides its record."""
+
+    method: str
+    """The HTTP method, or ``WS`` for a response on a WebSocket connection."""
+    path: str
+    route: str
+    status: int
+    span: SpanContext
+    error_body: bytes | bytearray | None = None
+    """The start of the error body the client got, when the status is an error."""
 
 
 class _Response:

@@ -37,6 +37,7 @@ from gateway.http.responses import (
     ANTHROPIC_ROUTES,
     anthropic_error_event,
     openai_error_event,
+    responses_error_event,
     send_error,
 )
 
@@ -132,10 +133,18 @@ class Drain:
         if not response.started:
             await send_error(scope, send, error, record.request_id if record else None)
         elif response.event_stream:
-            anthropic = scope["path"].startswith(ANTHROPIC_ROUTES)
-            event = anthropic_error_event(error) if anthropic else openai_error_event(error)
+            event = _error_event(scope["path"], error)
             await send({"type": "http.response.body", "body": event, "more_body": False})
         # Any other response already begun is cut: the server closes its connection.
+
+
+def _error_event(path: str, error: ShuttingDown) -> bytes:
+    """The terminal error event of a stream on the route at ``path``."""
+    if path.startswith(ANTHROPIC_ROUTES):
+        return anthropic_error_event(error)
+    if path == "/v1/responses":
+        return responses_error_event(error)
+    return openai_error_event(error)
 
 
 class _Progress:
