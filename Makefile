@@ -1,6 +1,6 @@
 # contextgate: `make run` starts the gateway on 127.0.0.1:8080, `make test` runs every test
 # (the Helm chart's tests included: helm is fetched, pinned, into .tools/ on first use; so
-# is Claude Code, from npm, for the tests that run it through the gateway).
+# are Claude Code and Codex, from npm, for the tests that run them through the gateway).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,6 +10,7 @@ HELM   := .tools/helm
 CHART  := helm/contextgate
 AGENTS := .tools/agents
 CLAUDE := $(AGENTS)/node_modules/.bin/claude
+CODEX  := $(AGENTS)/node_modules/.bin/codex
 
 .PHONY: run test lint helm-lint fmt bench bench-peers fuzz-deep soak install install-dev agents clean
 
@@ -30,14 +31,19 @@ $(HELM): .ci/fetch-helm
 	$(PYTHON) .ci/fetch-helm $@
 
 # The coding agents the tests run through the gateway, at the versions .ci/agents pins
-# (npm ci: the lock file's integrity hashes are checked).
-$(CLAUDE): .ci/agents/package.json .ci/agents/package-lock.json
+# (npm ci: the lock file's integrity hashes are checked). One npm ci makes both binaries
+# (a grouped target, GNU make 4.3+). Each agent's native binary for this platform is an
+# optional dependency, which npm skips silently when it cannot install it: `codex --version`
+# checks Codex's came in (with a CODEX_HOME of its own, since it writes there even for that).
+$(CLAUDE) $(CODEX) &: .ci/agents/package.json .ci/agents/package-lock.json
 	mkdir -p $(AGENTS)
 	cp .ci/agents/package.json .ci/agents/package-lock.json $(AGENTS)/
 	cd $(AGENTS) && npm ci --no-audit --no-fund --loglevel=error
-	touch $@
+	mkdir -p $(AGENTS)/codex-home
+	CODEX_HOME=$(CURDIR)/$(AGENTS)/codex-home $(CODEX) --version
+	touch -c $(CLAUDE) $(CODEX)
 
-agents: $(CLAUDE)
+agents: $(CLAUDE) $(CODEX)
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -45,7 +51,7 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/contextgate serve --host $(HOST) --port $(PORT)
 
-test: install-dev $(HELM) $(CLAUDE)
+test: install-dev $(HELM) $(CLAUDE) $(CODEX)
 	$(BIN)/python -m pytest
 
 # The reliability tests in their long form: a 30-minute soak (SOAK_SECONDS) and the long

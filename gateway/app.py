@@ -30,6 +30,7 @@ from gateway.routes.objects import get_object
 from gateway.routes.openapi import DocumentJson
 from gateway.routes.passthrough import relayed, stored_completions
 from gateway.routes.responses import responses
+from gateway.routes.responses_socket import responses_socket
 from gateway.runtime import Gateway
 from gateway.telemetry.server_span import ServerSpans
 from gateway.telemetry.tracing import configure_tracing, flush_spans, tracing_on
@@ -126,6 +127,7 @@ def create_app(
             messages,
             count_tokens,
             responses,
+            responses_socket,
             compact_dry_run,
             get_object,
             list_models,

@@ -9,13 +9,14 @@ requests <-> the pipeline's chat form, and what the gateway reads of its answers
 
 from gateway.codecs.responses.answers import chat_usage, error_event, response_of
 from gateway.codecs.responses.items import chat_messages, pairing_key, response_items
-from gateway.codecs.responses.request import InboundRequest, parse_request, to_request
+from gateway.codecs.responses.request import InboundRequest, from_body, parse_request, to_request
 
 __all__ = [
     "InboundRequest",
     "chat_messages",
     "chat_usage",
     "error_event",
+    "from_body",
     "pairing_key",
     "parse_request",
     "response_items",

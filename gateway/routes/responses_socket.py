@@ -1,0 +1,375 @@
+"""``GET /v1/responses`` upgraded to a WebSocket: the Responses API's persistent
+connection (the openai SDK's ``client.responses.connect()``, Codex CLI), relayed to the
+upstream's own WebSocket with each ``response.create`` through the context pipeline.
+
+One client connection is one upstream connection, opened at the first ``response.create``
+with the caller's upstream key and the client's headers (``OpenAI-Beta`` included), so
+that everything a connection sends goes up under one key (encrypted reasoning decrypts
+only under the key that made it). Per message from the client:
+
+- ``response.create``: read as a Responses request (its fields beside ``type``), within
+  the caller's limits and the process's load, compacted like an HTTP request
+  (``routes.responses.compacted``), and sent up as the request the pipeline made (the
+  client's own text when it changed nothing). A request the gateway refuses (malformed,
+  a model the tenant may not use, over its limits or its budget) is answered with an
+  ``error`` event as the API sends one (``status`` and ``error``); the connection stays.
+- anything else (``response.steer``, ...) goes up as it came.
+
+Every server event comes back as it came, in order. A response ends at
+``response.completed``, ``.incomplete``, ``.failed`` or an ``error`` event: then its usage
+feeds the conversation's record (cache warmth, breaks) and it is counted and logged as one
+exchange (``WS /v1/responses``), as an HTTP request is. The upstream's close code and
+reason reach the client; a client that leaves closes the upstream connection.
+
+A caller without valid credentials is refused at the handshake (403, close code 1008). At
+shutdown the connection takes no new response (an ``error`` event, ``gateway_shutting_down``)
+and closes with 1001 once its response in flight has ended, or at the grace deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Final
+
+import anyio
+import orjson
+from litestar import WebSocket, websocket
+from litestar.exceptions import WebSocketDisconnect
+from litestar.types import HTTPDisconnectEvent
+from opentelemetry.trace import INVALID_SPAN_CONTEXT
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from gateway.codecs.responses import chat_usage, from_body, response_of, to_request
+from gateway.context.cache_breaks import note_cache_break
+from gateway.context.call import Call
+from gateway.context.compaction import ChatRequest
+from gateway.context.record import RequestRecord, new_request_id
+from gateway.edge.access import ACCESS_LOG, AccessLog, Exchange
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    ShuttingDown,
+    UpstreamUnreachable,
+)
+from gateway.http.forwarding import upstream_request_headers
+from gateway.routes.responses import compacted
+from gateway.runtime import Gateway
+from gateway.store.redis import namespace_id
+from gateway.tenancy.auth import Caller, identify
+from gateway.tenancy.limits import Lease
+
+__all__ = ["responses_socket"]
+
+log = logging.getLogger("contextgate.responses_socket")
+
+ROUTE: Final = "/v1/responses"
+_ENDS: Final = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+"""Server events after which a response is over."""
+_HANDSHAKE: Final = ("sec-websocket-", "content-type")
+"""Client headers that describe its own handshake, not the request: never sent up."""
+_GOING_AWAY: Final = 1001
+_POLICY: Final = 1008
+_INTERNAL: Final = 1011
+
+
+@websocket(ROUTE)
+async def responses_socket(socket: WebSocket[Any, Any, Any]) -> None:
+    """The Responses API's WebSocket, each response through the context pipeline."""
+    gateway: Gateway = socket.app.state.gateway
+    headers = {name.lower(): value for name, value in socket.headers.items()}
+    if gateway.draining.started:
+        await socket.close(code=_GOING_AWAY, reason="The gateway is shutting down.")
+        return
+    try:
+        caller = await identify(gateway.tenants, gateway.stores, headers)
+    except GatewayError as refused:
+        await socket.close(code=_POLICY, reason=refused.message[:120])
+        return
+    await socket.accept()
+    access = socket.scope.get("state", {}).get(ACCESS_LOG)
+    connection = _Connection(gateway, socket, headers, caller, access)
+    with gateway.draining.request() as cancel:
+        await connection.serve()
+    if cancel.cancelled_caught:
+        await connection.shut(ShuttingDown("The gateway is shutting down; connect again."))
+
+
+@dataclass(slots=True)
+class _Response:
+    """One response on the connection, from its ``response.create`` to its last event."""
+
+    record: RequestRecord
+    chat: ChatRequest | None
+    started: float
+    sent_at: float
+    lease: Lease | None
+    shedding: bool
+
+
+class _Connection:
+    """One client's connection and its upstream's."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        socket: WebSocket[Any, Any, Any],
+        headers: dict[str, str],
+        caller: Caller,
+        access: AccessLog | None,
+    ) -> None:
+        self.gateway, self.socket, self.headers = gateway, socket, headers
+        self.caller, self.access = caller, access
+        self.upstream: ClientConnection | None = None
+        self.pending: deque[_Response] = deque()
+        self.closed = False
+        self._group: anyio.abc.TaskGroup | None = None
+
+    async def serve(self) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                await self._from_client()
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close_upstream()
+                for response in list(self.pending):
+                    await self._finish(response, 499, None)
+
+    # -- the client's side -------------------------------------------------------------
+
+    async def _from_client(self) -> None:
+        limit = self.gateway.settings.max_body_bytes
+        while True:
+            try:
+                text = await self.socket.receive_text()
+            except WebSocketDisconnect:
+                self.closed = True
+                return
+            if self.gateway.draining.started:
+                await self.shut(ShuttingDown("The gateway is shutting down; connect again."))
+                return
+            if len(text) > limit:
+                await self._refuse(
+                    PayloadTooLarge(f"The message is larger than {limit:,} bytes."), None
+                )
+                continue
+            try:
+                message = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                message = None
+            if isinstance(message, dict) and message.get("type") == "response.create":
+                await self._create(message, text)
+            elif self.upstream is not None:
+                await self.upstream.send(text)
+            else:
+                await self._refuse(
+                    InvalidRequest("Send a response.create event first.", code="unexpected_event"),
+                    None,
+                )
+
+    async def _create(self, message: dict[str, Any], text: str) -> None:
+        """A ``response.create``: admitted, compacted, sent up."""
+        record = RequestRecord(new_request_id())
+        record.caller = self.caller
+        response = _Response(record, None, perf_counter(), time.time(), None, False)
+        try:
+            await self._admit(response)
+            body = {key: value for key, value in message.items() if key != "type"}
+            inbound = from_body(body)
+            record.read(inbound.chat)
+            call = Call(self.headers, self.caller, record, _never, response.started)
+            chat = response.chat = await compacted(self.gateway, call, inbound)
+            record.report, record.attempts = chat.result.report, 1
+            upstream = await self._upstream_for(chat)
+            if chat.result.changed:
+                sent = to_request(chat.result.request, inbound.native)
+                text = orjson.dumps({"type": "response.create", **sent}).decode()
+            response.sent_at = time.time()
+            self.pending.append(response)
+            await upstream.send(text)
+        except GatewayError as refused:
+            if response in self.pending:
+                self.pending.remove(response)
+            await self._refuse(refused, response)
+
+    async def _admit(self, response: _Response) -> None:
+        """The process's load, then the caller's limits, for one response."""
+        gateway = self.gateway
+        refusal = gateway.shedder.admit()
+        if refusal is not None:
+            raise refusal
+        response.shedding = True
+        tenant = self.caller.tenant
+        key = "t:" + tenant if tenant is not None else namespace_id(self.caller.namespace)
+        limits = self.caller.profile.limits
+        response.lease = await gateway.limiter.admit(key, tenant or "passthrough", limits)
+
+    async def _refuse(self, error: GatewayError, response: _Response | None) -> None:
+        """An ``error`` event for a request the gateway would not send; the response (if
+        any) counted and logged with the error's status."""
+        detail = {
+            "type": error.type,
+            "code": error.code,
+            "message": error.message,
+            "param": error.param,
+        }
+        event = {"type": "error", "status": error.status, "error": detail}
+        await self._to_client(orjson.dumps(event).decode())
+        if response is not None:
+            body = orjson.dumps({"error": detail})
+            await self._finish(response, error.status, None, error_body=body)
+
+    async def shut(self, error: GatewayError) -> None:
+        """Tell the client why, and close with 1001 (going away)."""
+        if self.closed:
+            return
+        with anyio.CancelScope(shield=True):
+            await self._refuse(error, None)
+            await self._close_client(_GOING_AWAY, error.message[:120])
+
+    async def _to_client(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            await self.socket.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self.closed = True
+
+    async def _close_client(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(RuntimeError, OSError):
+            await self.socket.close(code=code, reason=reason)
+
+    # -- the upstream's side -----------------------------------------------------------
+
+    async def _upstream_for(self, chat: ChatRequest) -> ClientConnection:
+        """The upstream connection, opened by the first response that goes up."""
+        if self.upstream is not None:
+            return self.upstream
+        target = chat.target
+        assert target is not None
+        settings = self.gateway.settings.upstream
+        base = settings.base_url.rstrip("/")
+        url = ("ws" + base[4:] if base.startswith("http") else base) + "/responses"
+        query = self.socket.scope.get("query_string", b"")
+        if query:
+            url += "?" + query.decode("latin-1")
+        key = self.gateway.upstream_key(self.caller, target.model)
+        headers = upstream_request_headers(self.headers.items(), key)
+        sent = [(k, v) for k, v in headers.items() if not k.startswith(_HANDSHAKE)]
+        try:
+            self.upstream = await connect(
+                url,
+                additional_headers=sent,
+                user_agent_header=None,
+                open_timeout=settings.connect_timeout,
+                max_size=None,
+                proxy=None,
+            )
+        except InvalidStatus as refused:
+            status = refused.response.status_code
+            body = bytes(refused.response.body or b"")[:300].decode("utf-8", "replace")
+            raise UpstreamUnreachable(
+                f"The upstream refused the WebSocket ({status}): {body}",
+                code="upstream_error",
+                status=status if 400 <= status < 600 else None,
+            ) from refused
+        except (OSError, TimeoutError, WebSocketException) as failed:
+            raise UpstreamUnreachable(
+                f"The upstream's WebSocket could not be opened: {failed}",
+                code="upstream_unavailable",
+            ) from failed
+        assert self._group is not None
+        self._group.start_soon(self._from_upstream, self.upstream)
+        return self.upstream
+
+    async def _from_upstream(self, upstream: ClientConnection) -> None:
+        """Every server event to the client, in order; the upstream's close relayed."""
+        try:
+            async for message in upstream:
+                text = message if isinstance(message, str) else message.decode("utf-8", "replace")
+                await self._to_client(text)
+                if self.pending:
+                    await self._ended(text)
+        except ConnectionClosed:
+            pass
+        code = upstream.close_code or _INTERNAL
+        reason = upstream.close_reason or ""
+        for response in list(self.pending):
+            await self._finish(response, 502, None)
+        await self._close_client(1000 if code == 1005 else code, reason)
+        assert self._group is not None
+        self._group.cancel_scope.cancel()
+
+    async def _ended(self, text: str) -> None:
+        """The oldest response's end, when ``text`` is its last event."""
+        head = text[:200]
+        if not any(f'"{kind}"' in head for kind in _ENDS):
+            return
+        event = orjson.loads(text)
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind not in _ENDS:
+            return
+        response = self.pending[0]
+        found = response_of(text.encode())
+        usage = chat_usage(found.get("usage")) if found is not None else None
+        answer_id = found.get("id") if found is not None else None
+        if kind == "error":
+            status = event.get("status") if isinstance(event.get("status"), int) else 502
+            error = orjson.dumps({"error": event.get("error")})
+            await self._finish(response, status, None, error_body=error)
+            return
+        await self._finish(response, 200, usage, answer_id=answer_id)
+
+    async def _close_upstream(self) -> None:
+        upstream = self.upstream
+        if upstream is not None:
+            await upstream.close()
+
+    # -- accounting --------------------------------------------------------------------
+
+    async def _finish(
+        self,
+        response: _Response,
+        status: int,
+        usage: dict[str, Any] | None,
+        *,
+        answer_id: Any = None,
+        error_body: bytes | None = None,
+    ) -> None:
+        """A response over: its slots given back, its usage in the conversation's record,
+        its metrics and its log line."""
+        if response in self.pending:
+            self.pending.remove(response)
+        record, chat = response.record, response.chat
+        if chat is not None and status == 200:
+            cause = note_cache_break(self.gateway.metrics, chat, usage)
+            record.answered, record.usage, record.cache_break = True, usage, cause
+            found = answer_id if isinstance(answer_id, str) else None
+            state = chat.result.state.answered(at=response.sent_at, usage=usage, answer_id=found)
+            self.gateway.remember(chat.namespace, chat.conversation, state)
+        if response.shedding:
+            response.shedding = False
+            self.gateway.shedder.release()
+        if response.lease is not None:
+            await response.lease.release()
+        if self.access is not None:
+            exchange = Exchange("WS", ROUTE, ROUTE, status, INVALID_SPAN_CONTEXT, error_body)
+            self.access.record(record, exchange, perf_counter() - response.started)
+
+
+async def _never() -> HTTPDisconnectEvent:
+    """A ``receive`` that never reports a disconnect: on a WebSocket the connection's own
+    messages are read by the route, and its close ends the whole connection."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
