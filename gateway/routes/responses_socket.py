@@ -13,6 +13,12 @@ only under the key that made it). Per message from the client:
   client's own text when it changed nothing). A request the gateway refuses (malformed,
   a model the tenant may not use, over its limits or its budget) is answered with an
   ``error`` event as the API sends one (``status`` and ``error``); the connection stays.
+  A ``previous_response_id`` naming an earlier response of this connection (as Codex
+  sends every request after its first, with only the new items) is rebuilt into the
+  whole history, that response's input and output then the new items, and sent
+  stateless: the gateway sees it all, so it compacts it all, as over HTTP. One naming a
+  response the gateway did not see (stored upstream) continues state the gateway cannot
+  see: kept to hygiene, as over HTTP.
 - anything else (``response.steer``, ...) goes up as it came.
 
 Every server event comes back as it came, in order. A response ends at
@@ -32,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Final
 
@@ -74,6 +80,8 @@ _ENDS: Final = frozenset({"response.completed", "response.incomplete", "response
 """Server events after which a response is over."""
 _HANDSHAKE: Final = ("sec-websocket-", "content-type")
 """Client headers that describe its own handshake, not the request: never sent up."""
+_HISTORIES: Final = 4
+"""Responses whose whole history a connection keeps for a ``previous_response_id``."""
 _GOING_AWAY: Final = 1001
 _POLICY: Final = 1008
 _INTERNAL: Final = 1011
@@ -111,6 +119,11 @@ class _Response:
     sent_at: float
     lease: Lease | None
     shedding: bool
+    history: list[Any] | None = None
+    """The whole input as the client sees it (its own items, never the gateway's
+    compaction), when the response can be continued on this connection."""
+    output: list[Any] = field(default_factory=list)
+    """The output items streamed so far (``response.output_item.done``)."""
 
 
 class _Connection:
@@ -128,6 +141,9 @@ class _Connection:
         self.caller, self.access = caller, access
         self.upstream: ClientConnection | None = None
         self.pending: deque[_Response] = deque()
+        self.histories: dict[str, list[Any]] = {}
+        """Each recent response's whole history (input and output), by its id: what a
+        ``previous_response_id`` on this connection continues."""
         self.closed = False
         self._group: anyio.abc.TaskGroup | None = None
 
@@ -182,14 +198,18 @@ class _Connection:
         response = _Response(record, None, perf_counter(), time.time(), None, False)
         try:
             await self._admit(response)
-            body = {key: value for key, value in message.items() if key != "type"}
+            asked = {key: value for key, value in message.items() if key != "type"}
+            body = self._whole(asked)
+            rebuilt = body is not asked
             inbound = from_body(body)
+            if not inbound.stateful:
+                response.history = _input_items(body.get("input"))
             record.read(inbound.chat)
             call = Call(self.headers, self.caller, record, _never, response.started)
             chat = response.chat = await compacted(self.gateway, call, inbound)
             record.report, record.attempts = chat.result.report, 1
             upstream = await self._upstream_for(chat)
-            if chat.result.changed:
+            if chat.result.changed or rebuilt:
                 sent = to_request(chat.result.request, inbound.native)
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()
@@ -199,6 +219,20 @@ class _Connection:
             if response in self.pending:
                 self.pending.remove(response)
             await self._refuse(refused, response)
+
+    def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the whole history when it continues a response of this
+        connection (``previous_response_id``, as Codex sends every request after its
+        first): that response's input and output, then the new items, stateless. The
+        gateway sees all, so compacts all; the upstream gets what it would hold.
+        ``body`` itself otherwise."""
+        previous = body.get("previous_response_id")
+        history = self.histories.get(previous) if isinstance(previous, str) else None
+        if history is None or body.get("conversation") is not None:
+            return body
+        whole = {key: value for key, value in body.items() if key != "previous_response_id"}
+        whole["input"] = [*history, *_input_items(body.get("input"))]
+        return whole
 
     async def _admit(self, response: _Response) -> None:
         """The process's load, then the caller's limits, for one response."""
@@ -312,8 +346,15 @@ class _Connection:
         self._group.cancel_scope.cancel()
 
     async def _ended(self, text: str) -> None:
-        """The oldest response's end, when ``text`` is its last event."""
+        """The oldest response's end, when ``text`` is its last event (its output items
+        noted on the way)."""
         head = text[:200]
+        if '"response.output_item.done"' in head and self.pending[0].history is not None:
+            event = orjson.loads(text)
+            item = event.get("item") if isinstance(event, dict) else None
+            if isinstance(item, dict):
+                self.pending[0].output.append(item)
+            return
         if not any(f'"{kind}"' in head for kind in _ENDS):
             return
         event = orjson.loads(text)
@@ -329,7 +370,18 @@ class _Connection:
             error = orjson.dumps({"error": event.get("error")})
             await self._finish(response, status, None, error_body=error)
             return
+        if response.history is not None and isinstance(answer_id, str) and found is not None:
+            output = found.get("output")
+            made = output if isinstance(output, list) and output else response.output
+            self._keep(answer_id, [*response.history, *made])
         await self._finish(response, 200, usage, answer_id=answer_id)
+
+    def _keep(self, response_id: str, history: list[Any]) -> None:
+        """Remember a response's whole history for the next one to continue (the few
+        latest: a client continues the last, or one just before it)."""
+        self.histories[response_id] = history
+        while len(self.histories) > _HISTORIES:
+            del self.histories[next(iter(self.histories))]
 
     async def _close_upstream(self) -> None:
         upstream = self.upstream
@@ -366,6 +418,13 @@ class _Connection:
         if self.access is not None:
             exchange = Exchange("WS", ROUTE, ROUTE, status, INVALID_SPAN_CONTEXT, error_body)
             self.access.record(record, exchange, perf_counter() - response.started)
+
+
+def _input_items(value: Any) -> list[Any]:
+    """``input`` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else []
 
 
 async def _never() -> HTTPDisconnectEvent:

@@ -216,3 +216,39 @@ async def test_one_connection_goes_up_under_the_tenants_one_key(
             await until_done(connection)
     keys = {session.handshake.headers.get("authorization") for session in upstream.websockets}
     assert keys == {"Bearer sk-team-upstream"}
+
+
+async def test_a_response_continued_on_the_connection_goes_up_whole_and_is_compacted(
+    client: openai.AsyncOpenAI, upstream: MockUpstream
+) -> None:
+    """Codex sends each request after its first with ``previous_response_id`` and only the
+    new items: the gateway rebuilds the whole history it saw on the connection, compacts
+    it, and sends it stateless; an id it never saw is relayed as it came."""
+    call = function_call_item("shell", '{"cmd":"make"}', call_id="call_1", id="fc_1")
+    reasoning = reasoning_item("rs_1", encrypted_content="gAAAA-secret")
+    first = response_body("gpt-4o", [reasoning, call], id="resp_1")
+    upstream.push(WSReply(response_events(first)), answer("built"), answer("elsewhere"))
+    output = {"type": "function_call_output", "call_id": "call_1", "output": BIG_LOG}
+    async with client.responses.connect() as connection:
+        await connection.response.create(model="gpt-4o", input="Build it.", store=False)
+        await until_done(connection)
+        await connection.response.create(
+            model="gpt-4o", input=[output], previous_response_id="resp_1", store=False
+        )
+        await until_done(connection)
+        await connection.response.create(
+            model="gpt-4o", input="Hi", previous_response_id="resp_stored"
+        )
+        await until_done(connection)
+    _, whole, stored = sent(upstream)
+    assert "previous_response_id" not in whole
+    assert [item.get("type") for item in whole["input"]] == [
+        None,
+        "reasoning",
+        "function_call",
+        "function_call_output",
+    ]
+    assert whole["input"][1:3] == [reasoning, call]
+    assert len(whole["input"][3]["output"]) < len(BIG_LOG) // 10  # offloaded
+    assert stored["previous_response_id"] == "resp_stored"
+    assert stored["input"] == "Hi"
