@@ -18,6 +18,7 @@ The sequence, driven by ``DrainingServer`` (uvicorn's server with the drain star
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Iterator
@@ -52,10 +53,14 @@ _BACKSTOP: Final = 5.0
 class Draining:
     """The process's shutdown state: the server starts it, every request runs under it."""
 
-    __slots__ = ("_scopes", "_timer", "expired", "started")
+    __slots__ = ("_begun", "_quiet", "_scopes", "_sockets", "_timer", "expired", "started")
 
     def __init__(self) -> None:
         self._scopes: set[anyio.CancelScope] = set()
+        self._sockets = 0
+        self._begun = asyncio.Event()
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._timer: asyncio.TimerHandle | None = None
         self.started = False
         """SIGTERM came: the gateway takes no new connections and is not ready."""
@@ -71,6 +76,7 @@ class Draining:
         if self.started:
             return
         self.started = True
+        self._begun.set()
         log.info(
             "draining: %d request(s) in flight, %.1f s to finish",
             self.in_flight,
@@ -89,6 +95,30 @@ class Draining:
             )
         for scope in self._scopes:
             scope.cancel()
+
+    async def begun(self) -> None:
+        """Return once the drain has begun."""
+        await self._begun.wait()
+
+    @contextmanager
+    def socket(self) -> Iterator[anyio.CancelScope]:
+        """A scope for one WebSocket connection, as ``request``; the server's shutdown
+        waits for the connections to close (``sockets_closed``) before its own, which
+        would close them at once."""
+        self._sockets += 1
+        self._quiet.clear()
+        try:
+            with self.request() as scope:
+                yield scope
+        finally:
+            self._sockets -= 1
+            if not self._sockets:
+                self._quiet.set()
+
+    async def sockets_closed(self, within: float) -> None:
+        """Return once no WebSocket connection is open, or after ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._quiet.wait(), within)
 
     @contextmanager
     def request(self) -> Iterator[anyio.CancelScope]:
@@ -211,6 +241,11 @@ class DrainingServer(uvicorn.Server):
         self._draining.begin(self._grace)
         if self._accept is not None:
             self._accept.close()
+        # uvicorn closes a WebSocket at once (1012); the gateway's connections end their
+        # response in flight and close themselves first (gateway.routes.responses_socket).
+        for server in self.servers:
+            server.close()
+        await self._draining.sockets_closed(self._grace + 1)
         await super().shutdown(sockets)
 
     @contextmanager

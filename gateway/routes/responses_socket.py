@@ -28,12 +28,15 @@ exchange (``WS /v1/responses``), as an HTTP request is. The upstream's close cod
 reason reach the client; a client that leaves closes the upstream connection.
 
 A caller without valid credentials is refused at the handshake (403, close code 1008). At
-shutdown the connection takes no new response (an ``error`` event, ``gateway_shutting_down``)
-and closes with 1001 once its response in flight has ended, or at the grace deadline.
+shutdown (``gateway.edge.drain``) an idle connection is closed with 1001 at once, a busy one
+after the last event of its response in flight; a ``response.create`` that comes meanwhile,
+or a response the grace period cuts short, gets an ``error`` event
+(``gateway_shutting_down``) before the close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -103,9 +106,10 @@ async def responses_socket(socket: WebSocket[Any, Any, Any]) -> None:
     await socket.accept()
     access = socket.scope.get("state", {}).get(ACCESS_LOG)
     connection = _Connection(gateway, socket, headers, caller, access)
-    with gateway.draining.request() as cancel:
+    with gateway.draining.socket() as cancel:
         await connection.serve()
     if cancel.cancelled_caught:
+        # The grace period ran out with a response in flight: it will not be answered.
         await connection.shut(ShuttingDown("The gateway is shutting down; connect again."))
 
 
@@ -141,6 +145,9 @@ class _Connection:
         self.caller, self.access = caller, access
         self.upstream: ClientConnection | None = None
         self.pending: deque[_Response] = deque()
+        self.idle = asyncio.Event()
+        """Set while no response is in flight."""
+        self.idle.set()
         self.histories: dict[str, list[Any]] = {}
         """Each recent response's whole history (input and output), by its id: what a
         ``previous_response_id`` on this connection continues."""
@@ -151,6 +158,7 @@ class _Connection:
         try:
             async with anyio.create_task_group() as group:
                 self._group = group
+                group.start_soon(self._until_drained)
                 await self._from_client()
                 group.cancel_scope.cancel()
         finally:
@@ -158,6 +166,15 @@ class _Connection:
                 await self._close_upstream()
                 for response in list(self.pending):
                     await self._finish(response, 499, None)
+
+    async def _until_drained(self) -> None:
+        """Once the gateway drains, close the connection when no response is in flight
+        (at once when idle, else after the last event of the one running)."""
+        await self.gateway.draining.begun()
+        await self.idle.wait()
+        await self.shut(ShuttingDown("The gateway is shutting down; connect again."), told=False)
+        assert self._group is not None
+        self._group.cancel_scope.cancel()
 
     # -- the client's side -------------------------------------------------------------
 
@@ -214,10 +231,13 @@ class _Connection:
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()
             self.pending.append(response)
+            self.idle.clear()
             await upstream.send(text)
         except GatewayError as refused:
             if response in self.pending:
                 self.pending.remove(response)
+                if not self.pending:
+                    self.idle.set()
             await self._refuse(refused, response)
 
     def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -261,12 +281,14 @@ class _Connection:
             body = orjson.dumps({"error": detail})
             await self._finish(response, error.status, None, error_body=body)
 
-    async def shut(self, error: GatewayError) -> None:
-        """Tell the client why, and close with 1001 (going away)."""
+    async def shut(self, error: GatewayError, *, told: bool = True) -> None:
+        """Close with 1001 (going away) and ``error``'s message as the reason; ``told``:
+        first an ``error`` event, for a response that will not be answered."""
         if self.closed:
             return
         with anyio.CancelScope(shield=True):
-            await self._refuse(error, None)
+            if told:
+                await self._refuse(error, None)
             await self._close_client(_GOING_AWAY, error.message[:120])
 
     async def _to_client(self, text: str) -> None:
@@ -403,6 +425,8 @@ class _Connection:
         its metrics and its log line."""
         if response in self.pending:
             self.pending.remove(response)
+        if not self.pending:
+            self.idle.set()
         record, chat = response.record, response.chat
         if chat is not None and status == 200:
             cause = note_cache_break(self.gateway.metrics, chat, usage)

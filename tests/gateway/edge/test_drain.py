@@ -266,3 +266,45 @@ def test_readyz_says_draining_once_shutdown_began(gateway: GatewayServer) -> Non
     assert answer.json() == {"status": "draining"}
     # Liveness is unaffected: the process is healthy, only leaving.
     assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200
+
+
+async def test_sigterm_lets_websocket_responses_finish_then_closes_with_going_away(
+    upstream: MockUpstream, tmp_path: Any
+) -> None:
+    """On a WebSocket (``GET /v1/responses``): the response in flight is answered whole,
+    then the connection closes with 1001; an idle connection closes with 1001 at once;
+    uvicorn's own close (1012, mid-response) never comes first."""
+    import asyncio
+
+    import websockets
+    from websockets.exceptions import ConnectionClosed
+
+    from tests.mock_upstream import WSReply, message_item, response_body, response_events
+
+    events = response_events(response_body("gpt-4o", [message_item("finished in time")]))
+    upstream.push(WSReply(events, delay=1.5))
+    config = f"upstream:\n  base_url: {upstream.base_url}\nshutdown_grace: {GRACE}\n"
+    headers = {"authorization": f"Bearer {KEY}"}
+    with ServeProcess(config, str(tmp_path)) as served:
+        url = f"ws://127.0.0.1:{served.port}/v1/responses"
+        async with (
+            websockets.connect(url, additional_headers=headers) as busy,
+            websockets.connect(url, additional_headers=headers) as idle,
+        ):
+            create = {"type": "response.create", "model": "gpt-4o", "input": "Hi"}
+            await busy.send(orjson.dumps(create).decode())
+            await asyncio.to_thread(wait_until, lambda: len(upstream.websockets) == 1, 5, "up")
+            served.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as idle_closed:
+                await asyncio.wait_for(idle.recv(), 2)
+            received = []
+            with pytest.raises(ConnectionClosed) as busy_closed:
+                while True:
+                    received.append(orjson.loads(await asyncio.wait_for(busy.recv(), 5)))
+        await asyncio.to_thread(served.process.wait, GRACE + 10)
+    assert idle_closed.value.rcvd is not None
+    assert idle_closed.value.rcvd.code == 1001
+    assert received == events  # answered whole, no error event
+    assert busy_closed.value.rcvd is not None
+    assert busy_closed.value.rcvd.code == 1001
+    assert served.process.returncode == 0
