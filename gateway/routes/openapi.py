@@ -70,6 +70,11 @@ _ANSWER_SCHEMAS: Final[dict[str, Any]] = {
         "required": ["id", "object", "choices"],
         "properties": {"id": _STRING, "object": _STRING, "choices": {"type": "array"}},
     },
+    "Response": {
+        "type": "object",
+        "required": ["id", "object", "output"],
+        "properties": {"object": {"const": "response"}, "output": {"type": "array"}},
+    },
     "Message": {
         "type": "object",
         "required": ["id", "type", "role", "content"],
@@ -232,6 +237,19 @@ _OPERATIONS: Final[dict[tuple[str, str], dict[str, Any]]] = {
             **_RELAYED,
         },
     },
+    ("/v1/responses", "post"): {
+        "requestBody": _body("ResponsesRequest"),
+        "parameters": _PIPELINE_HEADERS,
+        "responses": {
+            "200": _success(
+                "The response, or its events when `stream` is true.",
+                _json("Response") | _STREAM,
+                reported=True,
+            ),
+            **_errors(_PIPELINE + _UPSTREAM, "OpenAIError"),
+            **_RELAYED,
+        },
+    },
     ("/v1/messages", "post"): {
         "requestBody": _body("MessagesRequest"),
         "parameters": _PIPELINE_HEADERS,
@@ -354,10 +372,10 @@ _RELAY: Final = (
     "Every other route under `/v1/` (embeddings, files, audio, images, moderations,"
     " batches, uploads, vector stores, fine-tuning, stored chat completions: `GET"
     " /v1/chat/completions` and `/v1/chat/completions/{id}...`, `/v1/models/{id}`, the"
-    " Responses API, ...) is relayed to the upstream as it came: same method, path and"
-    " query string byte for byte, body and answer streamed, the upstream's status, headers"
-    " and body relayed; with the gateway's key handling (`Authorization`), limits (401,"
-    " 403, 413, 429) and `x-contextgate-request-id`. Those routes are the upstream's API"
+    " Responses API's `/v1/responses/...`, ...) is relayed to the upstream as it came:"
+    " same method, path and query string byte for byte, body and answer streamed, the"
+    " upstream's status, headers and body relayed; with the gateway's key handling"
+    " (`Authorization`), limits (401, 403, 413, 429) and `x-contextgate-request-id`. Those routes are the upstream's API"
     " and are not listed here. Any other path is a 404. See docs/API.md (Relayed routes)."
 )
 """The relay, described once: its routes are the upstream's, documented by it."""

@@ -237,8 +237,47 @@ def _messages_request(*, counting: bool) -> dict[str, Any]:
     return _open(required, properties, description=f"{what}; other fields are forwarded as sent.")
 
 
+_RESPONSES_ROLES: Final = ["user", "assistant", "system", "developer"]
+
+_RESPONSES_ITEM: Final = {
+    "anyOf": [
+        _open(
+            ["role", "content"],
+            {
+                "type": {"const": "message"},
+                "role": {"enum": _RESPONSES_ROLES},
+                "content": {
+                    "anyOf": [
+                        _STRING,
+                        {"type": "array", "items": _open(["type"], {"type": _STRING})},
+                    ]
+                },
+            },
+        ),
+        _open(["type"], {"type": _STRING}),
+    ]
+}
+
+_RESPONSES_REQUEST: Final = _open(
+    ["model"],
+    {
+        "model": {"type": "string", "minLength": 1},
+        "input": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_ITEM}]},
+        "instructions": _STRING,
+        "tools": {"type": "array", "items": _OBJECT},
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean"},
+        "previous_response_id": _STRING,
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "prompt_cache_key": _STRING,
+        **_NO_UPSTREAM_CHOICE,
+    },
+    description="An OpenAI Responses request; unknown fields and item types are forwarded as sent.",
+)
+
 SCHEMAS: Final[dict[str, Any]] = {
     "ChatRequest": _CHAT_REQUEST,
+    "ResponsesRequest": _RESPONSES_REQUEST,
     "ChatMessage": _CHAT_MESSAGE,
     "MessagesRequest": _messages_request(counting=False),
     "CountTokensRequest": _messages_request(counting=True),

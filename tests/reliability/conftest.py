@@ -23,6 +23,10 @@ from tests.mock_upstream import (
     chat_chunk,
     chat_completion,
     events_of,
+    message_item,
+    response_body,
+    response_events,
+    sse_of_events,
 )
 
 ANTHROPIC_MESSAGE: dict[str, Any] = {
@@ -56,6 +60,9 @@ def answer(received: Received) -> Reply:
         if streamed:
             return SSEReply(ANTHROPIC_EVENTS)
         return JSONReply(ANTHROPIC_MESSAGE)
+    if received.path == "/v1/responses":
+        body = response_body("gpt-4o", [message_item("Hi")])
+        return SSEReply(sse_of_events(response_events(body))) if streamed else JSONReply(body)
     if streamed:
         chunks = [chat_chunk({"role": "assistant", "content": "Hi"}), chat_chunk({}, "stop")]
         return SSEReply(events_of(chunks))
