@@ -375,8 +375,9 @@ _RELAY: Final = (
     " Responses API's `/v1/responses/...`, ...) is relayed to the upstream as it came:"
     " same method, path and query string byte for byte, body and answer streamed, the"
     " upstream's status, headers and body relayed; with the gateway's key handling"
-    " (`Authorization`), limits (401, 403, 413, 429) and `x-contextgate-request-id`. Those routes are the upstream's API"
-    " and are not listed here. Any other path is a 404. See docs/API.md (Relayed routes)."
+    " (`Authorization`), limits (401, 403, 413, 429) and `x-contextgate-request-id`. Those"
+    " routes are the upstream's API and are not listed here. Any other path is a 404. See"
+    " docs/API.md (Relayed routes)."
 )
 """The relay, described once: its routes are the upstream's, documented by it."""
 
