@@ -184,6 +184,9 @@ class _Answer:
         message = data.get("message")
         if data.get("type") == "message_start" and isinstance(message, Mapping):
             data = message
+        response = data.get("response")
+        if str(data.get("type")).startswith("response.") and isinstance(response, Mapping):
+            data = response  # a Responses event carrying its response (created, completed)
         if data.get("error") is not None:
             self.error = _error_type(data) or "error"
         if self.model is None and isinstance(data.get("model"), str):
@@ -218,9 +221,18 @@ class _Answer:
 
 def _usage_attributes(usage: Mapping[str, Any]) -> dict[str, AttributeValue]:
     """GenAI usage attributes from an Anthropic usage (``input_tokens`` counts what the
-    cache did not serve) or an OpenAI one (``prompt_tokens`` counts it all)."""
+    cache did not serve), an OpenAI Responses one (``input_tokens`` counts it all, its
+    ``input_tokens_details`` the cache reads) or an OpenAI chat one (``prompt_tokens``
+    counts it all)."""
     found: dict[str, AttributeValue] = {}
-    if "input_tokens" in usage:
+    responses = usage.get("input_tokens_details")
+    if "input_tokens" in usage and isinstance(responses, Mapping):
+        input_tokens = _count(usage["input_tokens"])
+        if input_tokens is not None:
+            found["gen_ai.usage.input_tokens"] = input_tokens
+        read, written = _count(responses.get("cached_tokens")), None
+        output = _count(usage.get("output_tokens"))
+    elif "input_tokens" in usage:
         read = _count(usage.get("cache_read_input_tokens"))
         written = _count(usage.get("cache_creation_input_tokens"))
         found["gen_ai.usage.input_tokens"] = (

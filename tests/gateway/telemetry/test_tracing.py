@@ -260,11 +260,11 @@ def test_a_streamed_answer_is_traced_to_its_end(
     assert call.end <= server.end
 
 
-def test_a_relayed_responses_stream_is_traced_to_its_end(
+def test_a_responses_stream_is_traced_to_its_end_with_its_usage(
     client: openai.OpenAI, upstream: MockUpstream, receiver: OTLPReceiver
 ) -> None:
-    """A relayed route has a server span named by its route label and an upstream span
-    (GenAI ``chat`` for the Responses API) over the HTTP call, ending with the stream."""
+    """A Responses request has a server span and an upstream span (GenAI ``chat``) over the
+    HTTP call, ending with the stream, with the usage of its ``response.completed``."""
     upstream.push(SSEReply(responses_stream("gpt-4o"), interval=0.05))
     with client.responses.with_streaming_response.create(
         model="gpt-4o", input="Hello", stream=True
@@ -282,6 +282,10 @@ def test_a_relayed_responses_stream_is_traced_to_its_end(
     assert one(spans, "POST").parent_id == call.span_id
     assert call.end - call.start >= 500_000_000
     assert call.end <= server.end
+    assert call.attributes["gen_ai.response.id"] == "resp_mock"
+    assert call.attributes["gen_ai.usage.input_tokens"] == 12
+    assert call.attributes["gen_ai.usage.output_tokens"] == 3
+    assert call.attributes["gen_ai.usage.cache_read.input_tokens"] == 0
 
 
 def test_claude_on_the_messages_api_reports_its_cache_tokens(
