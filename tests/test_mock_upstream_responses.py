@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pydantic
 import pytest
+import websockets.version
 from openai.types.responses import CompactedResponse, Response, ResponseStreamEvent
 from openai.types.responses.response_compaction_item import ResponseCompactionItem
 from openai.types.responses.responses_server_event import ResponsesServerEvent
@@ -35,9 +36,11 @@ from tests.mock_upstream import (
 
 STREAM_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
 SERVER_EVENT = pydantic.TypeAdapter(ResponsesServerEvent)
-LEGACY: Any = {"legacy": True}
+WEBSOCKETS = tuple(int(part) for part in websockets.version.tag.split(".")[:2])
+LEGACY: Any = {"legacy": True} if WEBSOCKETS >= (17, 1) else {}
 """The SDK calls websockets' sync ``connect()`` outside a ``with``, which websockets 17.1
-and later warn about (the SDK asks for websockets < 16) unless ``legacy`` is set."""
+and later warn about (the SDK asks for websockets < 16) unless ``legacy`` is set; earlier
+versions neither warn nor know the option (openai-agents keeps websockets below 17)."""
 
 
 @pytest.fixture
