@@ -48,6 +48,9 @@ _MEDIA_PARTS = frozenset(
 )
 """Non-image media; ``document`` is an Anthropic PDF (base64 or a URL), not text to count
 (a plain-text document is read as the text it is)."""
+_SCREENSHOT: Final = "computer_screenshot"
+"""An OpenAI computer-use screenshot (a ``computer_call_output``): counted as an image, but
+not media the image window may offload, since the call's output must be a screenshot."""
 MEDIA_PART_TYPES = _IMAGE_PARTS | _MEDIA_PARTS
 """Every content-part type that carries media rather than text."""
 
@@ -71,17 +74,32 @@ def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
         if not isinstance(part, dict):
             continue
         part_type = part.get("type")
-        if part_type in _IMAGE_PARTS:
+        if part_type in _IMAGE_PARTS or part_type == _SCREENSHOT:
             yield "image", ""
         elif part_type in _MEDIA_PARTS:
             text = _document_text(part) if part_type == "document" else None
             yield ("media", "") if text is None else ("text", text)
+        elif part_type == "reasoning":
+            yield "text", _reasoning_text(part)
         else:
             text = part.get("text", part.get("thinking", part.get("refusal")))
             if isinstance(text, str):
                 yield "text", text
             else:
                 yield "other", orjson.dumps(part).decode()
+
+
+def _reasoning_text(part: dict[str, Any]) -> str:
+    """The readable text of an OpenAI Responses ``reasoning`` item carried as a part: its
+    summary and any plain reasoning text (its ``encrypted_content`` is opaque: the token
+    counter estimates what it stands for)."""
+    texts = [
+        piece["text"]
+        for key in ("summary", "content")
+        for piece in part.get(key) or ()
+        if isinstance(piece, dict) and isinstance(piece.get("text"), str)
+    ]
+    return "\n".join(texts)
 
 
 def _document_text(part: dict[str, Any]) -> str | None:

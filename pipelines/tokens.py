@@ -345,17 +345,24 @@ class TokenCounter:
 def _hidden_thinking(parts: Any) -> int:
     """An estimate of the thinking the model keeps behind thinking blocks sent without
     their text (``display: "omitted"``): their signature carries it, and the API bills it
-    as input. A quarter of the signature's length."""
+    as input. A quarter of the signature's length. And of the reasoning behind an OpenAI
+    Responses ``reasoning`` item's ``encrypted_content``: a fifth of its length (base64 of
+    the encrypted text, about 5.3 characters per reasoning token), where BPE would count
+    the base64 itself, at 1.5 characters a token, over three times as much."""
     if not isinstance(parts, list):
         return 0
-    return sum(
-        len(part["signature"]) // 4
-        for part in parts
-        if isinstance(part, dict)
-        and part.get("type") == "thinking"
-        and not part.get("thinking")
-        and isinstance(part.get("signature"), str)
-    )
+    hidden = 0
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "thinking" and not part.get("thinking"):
+            signature = part.get("signature")
+            hidden += len(signature) // 4 if isinstance(signature, str) else 0
+        elif kind == "reasoning":
+            encrypted = part.get("encrypted_content")
+            hidden += len(encrypted) // 5 if isinstance(encrypted, str) else 0
+    return hidden
 
 
 def _schema(tool: Any) -> str:

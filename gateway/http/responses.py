@@ -156,10 +156,16 @@ def openai_error_event(error: GatewayError) -> bytes:
     return error_event(error.message, type=error.type, code=error.code)
 
 
-def responses_error_event(error: GatewayError) -> bytes:
-    """The terminal event of a Responses stream that failed: an ``error`` event (the SDK
-    raises on it)."""
-    event = {"type": "error", "code": error.code, "message": error.message, "param": None}
+def responses_error_event(error: GatewayError, sequence_number: int = 0) -> bytes:
+    """The terminal event of a Responses stream that failed: an ``error`` event, numbered
+    after the last event relayed when the route tracks them."""
+    event = {
+        "type": "error",
+        "code": error.code,
+        "message": error.message,
+        "param": None,
+        "sequence_number": sequence_number,
+    }
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 

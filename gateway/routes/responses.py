@@ -17,9 +17,10 @@ delete) are relayed (``gateway.routes.passthrough``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
@@ -27,10 +28,12 @@ from litestar.response.base import ASGIResponse
 from gateway.codecs.responses import InboundRequest, parse_request, to_request
 from gateway.context.answer import answer
 from gateway.context.call import Call, Services
-from gateway.context.compaction import ChatRequest, compact
+from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
+from gateway.context.exchange import Buffered
 from gateway.context.wires import ResponsesWire
-from gateway.errors import InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.http.responses import responses_error_event
+from gateway.http.sse import close
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.routes.answers import respond
 from gateway.routes.calls import received
@@ -48,7 +51,11 @@ async def responses(request: Request[Any, Any, Any]) -> ASGIResponse:
     assert target is not None  # not a dry run
     got = await answer(gateway, call, chat, wire_for(chat, inbound, raw), target.headers)
     keepalive = gateway.settings.stream_keepalive
-    return respond(got, call.request_id, keepalive=keepalive, error=responses_error_event)
+    if isinstance(got, Buffered):
+        return respond(got, call.request_id, keepalive=keepalive, error=responses_error_event)
+    numbered = _Numbered(got.first, got.events)
+    got.events = numbered
+    return respond(got, call.request_id, keepalive=keepalive, error=numbered.error_event)
 
 
 async def compacted(
@@ -56,6 +63,7 @@ async def compacted(
 ) -> ChatRequest:
     """``inbound`` through the pipeline: in full when the request carries its whole
     history, kept to hygiene when it continues one the upstream keeps."""
+    refuse_upstream_choice(inbound.native)
     chat = await compact(
         services,
         call,
@@ -87,3 +95,37 @@ def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> R
 
 def _request(native: Mapping[str, Any], outgoing: Mapping[str, Any]) -> dict[str, Any]:
     return to_request(outgoing, native)
+
+
+_SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')
+
+
+class _Numbered:
+    """A Responses stream's events relayed as they are, the last ``sequence_number``
+    noted, so that an error event ending the stream is numbered after it."""
+
+    __slots__ = ("_events", "last")
+
+    def __init__(self, first: bytes, events: AsyncIterator[bytes]) -> None:
+        self._events = events
+        self.last = -1
+        self._note(first)
+
+    def _note(self, event: bytes) -> None:
+        found = _SEQUENCE.search(event)
+        if found is not None:
+            self.last = int(found.group(1))
+
+    def __aiter__(self) -> _Numbered:
+        return self
+
+    async def __anext__(self) -> bytes:
+        event = await self._events.__anext__()
+        self._note(event)
+        return event
+
+    async def aclose(self) -> None:
+        await close(self._events)
+
+    def error_event(self, error: GatewayError) -> bytes:
+        return responses_error_event(error, self.last + 1)

@@ -142,6 +142,10 @@ class Filter:
         return cached
 
 
+_TEXT_PARTS: Final = frozenset({"text", "input_text"})
+"""Text parts of a tool result: the chat API's, and the Responses API's in an output."""
+
+
 def _output_text(message: Message) -> str | None:
     """The text of a tool message, or None for other messages and non-text results."""
     if message.get("role") != "tool":
@@ -150,7 +154,7 @@ def _output_text(message: Message) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
         for p in content
     ):
         return "\n".join(p["text"] for p in content)

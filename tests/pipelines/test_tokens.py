@@ -317,3 +317,25 @@ def test_the_message_estimate_stays_within_its_margin_on_dense_text() -> None:
     ):
         message = {"role": "tool", "tool_call_id": "c", "content": text}
         assert 2 * counter.estimate(message) >= counter.count_message(message)
+
+
+def test_a_responses_reasoning_item_counts_its_summary_and_the_reasoning_it_stands_for() -> None:
+    """An OpenAI Responses ``reasoning`` item (carried as an assistant part): its summary
+    as text, its ``encrypted_content`` as the reasoning it holds (a fifth of its length),
+    not as the base64 it is, which BPE would count over three times higher."""
+    import base64
+    import random
+
+    encrypted = base64.b64encode(random.Random(7).randbytes(3000)).decode()
+    summary = "Check the failing test first."
+    part = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": summary}],
+        "encrypted_content": encrypted,
+    }
+    counter = TokenCounter("o200k_base")
+    with_item = counter.measure({"role": "assistant", "content": [part]})
+    bare = counter.measure({"role": "assistant", "content": [{"type": "text", "text": summary}]})
+    assert with_item - bare == len(encrypted) // 5
+    assert with_item < counter.count_text(encrypted) / 3

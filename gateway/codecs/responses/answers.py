@@ -23,6 +23,11 @@ _ERROR_STATUS: Final = {
 }
 
 
+_TYPES: Final = {400: "invalid_request_error", 429: "rate_limit_error", 500: "server_error"}
+"""The envelope's ``type`` for an error event that names none (the API's flat form, whose
+``type`` is the event's own, ``error``), by the status it stands for."""
+
+
 def chat_usage(usage: Any) -> dict[str, Any] | None:
     """Responses ``usage`` (``input_tokens``, ``input_tokens_details.cached_tokens``, ...)
     in the chat form (``prompt_tokens``, ``prompt_tokens_details.cached_tokens``, ...)."""
@@ -81,11 +86,12 @@ def error_event(data: bytes) -> tuple[int, bytes] | None:
         return None
     error = error if isinstance(error, dict) else {}
     code = error.get("code")
-    status = _ERROR_STATUS.get(str(code), _ERROR_STATUS.get(str(error.get("type")), 502))
+    kind = error.get("type") if error is not event else None
+    status = _ERROR_STATUS.get(str(code), _ERROR_STATUS.get(str(kind), 502))
     body = {
         "error": {
             "message": str(error.get("message") or "The upstream failed the response."),
-            "type": str(error.get("type") or "upstream_error"),
+            "type": str(kind or _TYPES.get(status, "upstream_error")),
             "param": error.get("param"),
             "code": code,
         }

@@ -62,7 +62,11 @@ INDEX: Final = "response_item"
 INSTRUCTIONS: Final = "response_instructions"
 """The key (``true``) of the system message that holds the request's ``instructions``."""
 EXTERNAL: Final = "response_external"
-"""The key (``true``) of an assistant message standing for calls held server-side."""
+"""The key (``true``) of a message standing for history held server-side (an assistant
+message with the calls whose outputs the request sends, and the user turn before it):
+the pipeline sees the pairs whole; it never goes up."""
+OPAQUE: Final = "response_output"
+"""The part type of an output the pipeline may count but never shorten."""
 
 _HOSTED: Final = frozenset(
     {
@@ -151,6 +155,8 @@ def chat_messages(
         if is_output(item):
             key = pairing_key(item)
             if key is not None and key not in calls:
+                if not any(m.get("role") not in ("system",) for m in messages):
+                    messages.append(_EXTERNAL_OPENING)
                 messages.append(_external(key))
                 calls.add(key)
             messages.append(_tool(item, key))
@@ -202,12 +208,18 @@ def _tool(item: Mapping[str, Any], key: str | None) -> dict[str, Any]:
 
 def _output_of(item: Mapping[str, Any]) -> Any:
     """An output item's content for the pipeline: its ``output`` when that is text or
-    parts, else the JSON of what it carries (a screenshot, a shell's results, a list of
-    tools), which the pipeline may count but the way back never rewrites."""
+    content parts (the filter reads ``input_text`` parts as text); else one opaque part
+    that no stage shortens, since no preview would be a valid value of the field: a
+    computer screenshot (counted as an image), or what the item carries (a shell's
+    results, a tool search's tools; counted as its JSON)."""
     output = item.get("output")
-    if isinstance(output, (str, list)) and not _structured(output):
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and not _structured(output):
         return _content_in(output)
-    return orjson.dumps(_payload(item)).decode()
+    if isinstance(output, Mapping) and output.get("type") == "computer_screenshot":
+        return [dict(output)]
+    return [{"type": OPAQUE, "value": _payload(item)}]
 
 
 def _structured(output: Any) -> bool:
@@ -216,6 +228,16 @@ def _structured(output: Any) -> bool:
     return isinstance(output, list) and any(
         not isinstance(part, Mapping) or not isinstance(part.get("type"), str) for part in output
     )
+
+
+_EXTERNAL_OPENING: Final = {
+    "role": "user",
+    "content": "(The conversation so far is held by the upstream.)",
+    EXTERNAL: True,
+}
+"""Before an output whose call the upstream holds, when nothing but system messages
+precede it: the user turn the pipeline expects to open a history (pair repair would
+otherwise add one); never sent."""
 
 
 def _external(key: str) -> dict[str, Any]:
@@ -381,7 +403,7 @@ def _tool_back(
     if item is not None:
         output = item.get("output")
         if content == _output_of(item) or not isinstance(output, (str, list)):
-            return dict(item)  # unchanged, or an output whose shape only its call knows
+            return dict(item)  # unchanged, or an opaque output (no stage shortens those)
         if _structured(output):
             return dict(item)
         return {**item, "output": _parts_back(content, "input_text", output)}

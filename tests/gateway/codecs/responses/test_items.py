@@ -156,8 +156,11 @@ def test_an_output_whose_call_the_upstream_holds_stands_alone() -> None:
     the pipeline sees them answered (no orphan to repair), and they go up alone."""
     items = checked([{"type": "function_call_output", "call_id": "held", "output": "42"}])
     messages = chat_messages(items, None)
+    # The user turn that opens a history and the call, both standing for the upstream's.
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
     assert messages[0][EXTERNAL] is True
-    assert messages[0]["tool_calls"][0]["id"] == "held"
+    assert messages[1][EXTERNAL] is True
+    assert messages[1]["tool_calls"][0]["id"] == "held"
     assert response_items(messages) == items
 
 
