@@ -18,7 +18,8 @@ async def removal_note(removed: Sequence[Message], ctx: StageContext) -> Message
     assert ctx.store is not None
     # As the client sent them: a restore gives back its bytes, not a re-encoding.
     originals = [ctx.as_received(message) for message in removed]
-    ref = await ctx.store.put(ctx.namespace, orjson.dumps(originals), ttl=ctx.policy.offload_ttl)
+    content = ctx.render(originals) if ctx.render is not None else orjson.dumps(originals)
+    ref = await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
     calls: dict[str, int] = {}
     for message in removed:
         for call in message.get("tool_calls") or ():

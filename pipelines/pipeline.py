@@ -19,7 +19,7 @@ from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.local_summaries import LocalSummaries
 from pipelines.policy import Policy
-from pipelines.ports import Clock, OffloadStore, Summaries, Summarizer
+from pipelines.ports import Clock, OffloadStore, Rendering, Summaries, Summarizer
 from pipelines.report import Report
 from pipelines.runner import TRACER, run_stages
 from pipelines.session import ConversationState, cache_status, conversation_id
@@ -125,6 +125,7 @@ class Pipeline:
         summarizer: Summarizer | None = None,
         summaries: Summaries | None = None,
         conversation: str | None = None,
+        render: Rendering | None = None,
     ) -> CompactResult:
         """Run every stage over ``request`` (an OpenAI chat request body).
 
@@ -135,7 +136,8 @@ class Pipeline:
         (the gateway's: background preparation, checkpoints shared by replicas) replaces
         the summarizer's default, which makes each summary when it is needed.
         ``conversation`` is the conversation's identity (the gateway's; by default
-        ``conversation_id`` of the namespace and the messages).
+        ``conversation_id`` of the namespace and the messages). ``render`` stores a run of
+        removed messages in the client's own form (``pipelines.ports.Rendering``).
         """
         started = perf_counter()
         policy = policy or Policy()
@@ -169,6 +171,7 @@ class Pipeline:
             if policy.summary_model
             else None,
             store=store,
+            render=render,
             summarizer=summarizer,
             summaries=summaries,
             received=received,

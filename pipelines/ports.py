@@ -18,10 +18,16 @@ from pipelines.checkpoints import Checkpoint, SummaryJob
 from pipelines.messages import Message
 from pipelines.summary import Summary
 
-__all__ = ["Clock", "OffloadStore", "Summaries", "Summarizer"]
+__all__ = ["Clock", "OffloadStore", "Rendering", "Summaries", "Summarizer"]
 
 Clock = Callable[[], float]
 """Seconds on a monotonic scale."""
+
+Rendering = Callable[[Sequence[Message]], bytes]
+"""How a run of removed messages is stored, so that its ref restores them in the form the
+client sent them: by default their JSON (the chat form is the client's on the chat
+route); a host whose client speaks another API gives its own (the gateway's Responses
+route: the items the messages came from)."""
 
 
 @runtime_checkable

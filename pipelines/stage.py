@@ -20,7 +20,7 @@ from pipelines.counting import ConversationTokens
 from pipelines.errors import StoreError
 from pipelines.messages import Message
 from pipelines.policy import Policy
-from pipelines.ports import Clock, OffloadStore, Summaries, Summarizer
+from pipelines.ports import Clock, OffloadStore, Rendering, Summaries, Summarizer
 from pipelines.report import Report
 from pipelines.session import ConversationState
 from pipelines.tokens import TokenCounter
@@ -74,6 +74,9 @@ class StageContext:
     summary_model: ModelInfo | None = None
     """The catalog entry of ``policy.summary_model`` when one is set."""
     store: OffloadStore | None = None
+    render: Rendering | None = None
+    """How a run of removed messages is stored (``pipelines.ports.Rendering``); their JSON
+    when ``None``."""
     summarizer: Summarizer | None = None
     summaries: Summaries | None = None
     """Where checkpoints are found and made (``summarize`` mode)."""

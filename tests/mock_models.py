@@ -1,11 +1,14 @@
-"""Scripted models behind the mock upstream, for agents run end to end (Claude Code).
+"""Scripted models behind the mock upstream, for agents run end to end (Claude Code,
+Codex CLI).
 
-``ClaudeModel`` answers the Messages API (``/v1/messages``, ``count_tokens``) and
-``ChatModel`` the chat completions API, each as a handler of ``MockUpstream``. Both act
-on the latest user text: every line ``RUN: <command>`` in it is one ``Bash`` tool call,
-made in order, one per answer, until each has its result; then the model answers with
-text that names the last result's size. Both check every request as their API does and
-answer a refused one with the API's 400, recording why in ``refusals``:
+``ClaudeModel`` answers the Messages API (``/v1/messages``, ``count_tokens``),
+``ChatModel`` the chat completions API and ``ResponsesModel`` the Responses API (over HTTP
+and its WebSocket, with Codex's shell tool), each as a handler of ``MockUpstream``. They
+act on the latest user text: every line ``RUN: <command>`` in it is one call of the shell
+tool (``Bash``; Codex's ``exec_command``), made in order, one per answer, until each has
+its result; then the model answers with text that names the last result's size. Each
+checks every request as its API does and answers a refused one with the API's 400,
+recording why in ``refusals``:
 
 - Messages: at most 4 ``cache_control`` breakpoints, no 1-hour breakpoint after a
   5-minute one, every ``tool_use`` answered by a ``tool_result`` at the
@@ -17,7 +20,8 @@ answer a refused one with the API's 400, recording why in ``refusals``:
   markers aside) is refused, or dropped with every later one when the request asks for
   that (``thinking.block_binding`` under its beta), as the API does;
 - chat: every tool call answered by a tool message right after its assistant message,
-  and no tool message without its call.
+  and no tool message without its call;
+- Responses: see ``ResponsesModel``.
 
 ``ClaudeModel`` bills each request on a model of Anthropic's prompt cache
 (``bench.prompt_cache.PrefixCache``, which refuses more than 4 breakpoints or a 1-hour one
@@ -28,6 +32,7 @@ markers are not content), for a test to tell whether a request extends the one b
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import re
@@ -39,11 +44,30 @@ import orjson
 
 from bench.prompt_cache import PrefixCache
 from pipelines import TokenCounter
-from tests.mock_upstream import JSONReply, Received, Reply, SSEReply, events_of
+from tests.mock_upstream import (
+    JSONReply,
+    Received,
+    Reply,
+    ResponsesRoutes,
+    SSEReply,
+    WSReply,
+    events_of,
+    function_call_item,
+    message_item,
+    reasoning_item,
+    response_body,
+    response_events,
+    response_usage,
+    sse_of_events,
+)
 
-__all__ = ["ChatModel", "ClaudeModel", "message_events"]
+__all__ = ["ChatModel", "ClaudeModel", "ResponsesModel", "message_events"]
 
 RUN: Final = re.compile(r"^RUN: (.+)$", re.M)
+NOT_A_REQUEST: Final = re.compile(r"not a new request", re.I)
+"""What a note the gateway puts in place of removed messages says of itself."""
+REMOVED_CALLS: Final = re.compile(r"\b([\w.-]+) x(\d+)\b")
+"""A tool and how many of its calls such a note stands for (``exec_command x2``)."""
 BOUND: Final = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5", "claude-fable-5-1")
 """Models whose thinking blocks are bound to the prompt before them."""
 BINDING_BETA: Final = "thinking-binding-controls-2026-08-01"
@@ -475,3 +499,247 @@ class ChatModel:
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({**chunk({}), "choices": [], "usage": usage})
         return SSEReply(events_of(chunks))
+
+
+class ResponsesModel:
+    """A model behind OpenAI's Responses API, as Codex CLI talks to it: ``POST
+    /v1/responses`` (streamed when asked) and ``response.create`` on its WebSocket, both
+    answered with the same events. It plays the model of the other two with Codex's shell
+    tool (``exec_command``, arguments ``{"cmd": ...}``), each answer led by a reasoning
+    item whose encrypted content it remembers (when the request ``include``s it): a call
+    while the latest prompt has ``RUN:`` lines left, then the text ``Done after N commands
+    (S bytes).``; a ``generate: false`` request (Codex's WebSocket prewarm) gets an answer
+    with no output. A user message that says it is
+    "not a new request" (the gateway's note for messages it removed) is not the prompt,
+    and the calls it says it stands for (``exec_command x2``) count as made, as a model
+    reading it would take them. It keeps each response's whole history for a
+    ``previous_response_id`` to continue.
+
+    It checks each request as the API does and answers a refused one with a 400 (an
+    ``error`` event over the WebSocket), recording why in ``refusals``: a
+    ``previous_response_id`` must name a response it can continue (stored, or with
+    ``store: false`` one made on the same WebSocket connection), no two items share an
+    id, every tool output answers a call before it and every call has its output, and
+    every reasoning item carries encrypted content the model issued, byte for byte.
+
+    Its usage bills the whole input (a quarter of its JSON's length) with a prefix cache:
+    the longest run of leading items (after the instructions and tools) seen in an earlier
+    request, counted in 128-token steps from 1,024 tokens on, as OpenAI's cache does."""
+
+    ROLES: Final = ("user", "assistant", "system", "developer")
+    OUTPUTS: Final = frozenset({"function_call_output", "custom_tool_call_output"})
+    CALLS: Final = frozenset({"function_call", "custom_tool_call"})
+
+    def __init__(self, *, tool: str = "exec_command") -> None:
+        self.tool = tool
+        self.refusals: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        """Every request accepted, as it came (a WebSocket message without its ``type``)."""
+        self.inputs: list[list[dict[str, Any]]] = []
+        """Each accepted request's whole input: the history its ``previous_response_id``
+        continues, then its own items."""
+        self.outputs: list[list[dict[str, Any]]] = []
+        """Each accepted request's output items."""
+        self.transports: list[str] = []
+        """How each accepted request came: ``"http"`` or ``"ws"``."""
+        self.usages: list[dict[str, Any]] = []
+        self.issued: dict[str, str] = {}
+        """The encrypted content of each reasoning item issued -> the item's id."""
+        self._responses: dict[str, tuple[list[dict[str, Any]], bool, str | None]] = {}
+        """Response id -> its whole history (input and output), whether it is stored, and
+        the WebSocket connection it was made on (its handshake's key)."""
+        self._seen: set[bytes] = set()
+        self._ids = itertools.count(1)
+
+    def __call__(self, received: Received) -> Reply | None:
+        connection: str | None = None
+        if received.method == "WS":
+            message = received.json()
+            if not isinstance(message, dict) or message.get("type") != "response.create":
+                return None
+            body = {key: value for key, value in message.items() if key != "type"}
+            connection = received.headers.get("sec-websocket-key", "")
+        elif received.method == "POST" and received.path.split("?")[0] == "/v1/responses":
+            body = received.json()
+        else:
+            return None
+        whole, problem = self._history(body, connection)
+        problem = problem or self._refused(whole, body)
+        if problem is not None:
+            self.refusals.append(problem)
+            error = {
+                "message": problem,
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": None,
+            }
+            return JSONReply({"error": error}, status=400)
+        self.requests.append(body)
+        self.inputs.append(whole)
+        self.transports.append("http" if connection is None else "ws")
+        response = self._answer(body, whole, connection)
+        events = response_events(response)
+        if connection is not None:
+            return WSReply(events)
+        if body.get("stream"):
+            return SSEReply(sse_of_events(events))
+        return JSONReply(response)
+
+    def extends(self, later: int, earlier: int) -> bool:
+        """Whether accepted request ``later`` starts with all of ``earlier``'s prompt (its
+        instructions, tools and whole input), as the prefix cache needs."""
+        before, after = self.requests[earlier], self.requests[later]
+        items = self.inputs[earlier]
+        return (
+            before.get("instructions") == after.get("instructions")
+            and before.get("tools") == after.get("tools")
+            and self.inputs[later][: len(items)] == items
+        )
+
+    # -- the API's checks ------------------------------------------------------------------
+
+    def _history(
+        self, body: Mapping[str, Any], connection: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The whole input of ``body``: the history it continues, then its items; or why
+        the response it continues cannot be found."""
+        given = body.get("input")
+        items = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+        previous = body.get("previous_response_id")
+        if previous is None:
+            return list(items), None
+        kept = self._responses.get(previous)
+        if kept is None or not (kept[1] or (connection is not None and kept[2] == connection)):
+            return [], f"Previous response with id '{previous}' not found."
+        return [*kept[0], *items], None
+
+    def _refused(self, items: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> str | None:
+        ids: set[str] = set()
+        called: set[Any] = set()
+        answered = {item.get("call_id") for item in items if item.get("type") in self.OUTPUTS}
+        for index, item in enumerate(items):
+            kind = item.get("type", "message")
+            item_id = item.get("id")
+            if isinstance(item_id, str):
+                if item_id in ids:
+                    return (
+                        f"Duplicate item found with id {item_id}. Remove duplicate items from"
+                        " your input and try again."
+                    )
+                ids.add(item_id)
+            if kind == "message" and item.get("role") not in self.ROLES:
+                return f"input[{index}].role: unexpected {item.get('role')!r}"
+            if kind in self.CALLS:
+                if item.get("call_id") not in answered:
+                    return f"No tool output found for function call {item.get('call_id')}."
+                called.add(item.get("call_id"))
+            if kind in self.OUTPUTS and item.get("call_id") not in called:
+                return (
+                    "No tool call found for function call output with call_id"
+                    f" {item.get('call_id')}."
+                )
+            if kind == "reasoning":
+                secret = item.get("encrypted_content")
+                if secret is None and body.get("store") is False:
+                    return (
+                        f"Item with id '{item_id}' not found. Items are not persisted when"
+                        " `store` is set to false. Try again with `store` set to true, or"
+                        " remove this item from your input."
+                    )
+                if secret is not None and secret not in self.issued:
+                    return (
+                        f"input[{index}].encrypted_content: the encrypted content of item"
+                        f" '{item_id}' could not be verified."
+                    )
+        return None
+
+    # -- answers ---------------------------------------------------------------------------
+
+    def _answer(
+        self, body: Mapping[str, Any], whole: list[dict[str, Any]], connection: str | None
+    ) -> dict[str, Any]:
+        number = next(self._ids)
+        output: list[dict[str, Any]] = []
+        if body.get("generate") is not False:
+            prompt, done = self._latest_prompt(whole)
+            commands = RUN.findall(prompt)
+            if "reasoning.encrypted_content" in (body.get("include") or ()):
+                secret = (
+                    "gAAAAAB"
+                    + base64.b64encode(
+                        hashlib.sha512(f"reasoning {number}".encode()).digest() * 3
+                    ).decode()
+                )
+                self.issued[secret] = f"rs_{number:06d}"
+                summary = [f"Step {done + 1}."]
+                output.append(
+                    reasoning_item(f"rs_{number:06d}", encrypted_content=secret, summary=summary)
+                )
+            if done < len(commands):
+                arguments = {"cmd": commands[done]}
+                call = function_call_item(
+                    self.tool, arguments, f"call_{number:06d}", f"fc_{number:06d}"
+                )
+                output.append(call)
+            else:
+                size = next(
+                    (
+                        len(orjson.dumps(item.get("output")))
+                        for item in reversed(whole)
+                        if item.get("type") in self.OUTPUTS
+                    ),
+                    0,
+                )
+                text = f"Done after {done} commands ({size} bytes)."
+                output.append(message_item(text, f"msg_{number:06d}"))
+        usage = self._usage(body, whole)
+        self.usages.append(usage)
+        self.outputs.append(output)
+        response_id = f"resp_{number:06d}"
+        self._responses[response_id] = (
+            [*whole, *output],
+            body.get("store") is not False,
+            connection,
+        )
+        settings = {name: body[name] for name in ResponsesRoutes.ECHOED if name in body}
+        return response_body(
+            body.get("model", "gpt-5.5"), output, id=response_id, usage=usage, **settings
+        )
+
+    def _latest_prompt(self, items: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+        """The text of the latest user message that is a request (not one of Codex's own
+        ``<...>`` blocks, nor a note that says it is not a new request), and how many calls
+        of the shell tool came after it: those in the input, and those a note says it
+        stands for (``exec_command x2``), as a model reading it would count them."""
+        calls = 0
+        for item in reversed(items):
+            if item.get("type") == "function_call" and item.get("name") == self.tool:
+                calls += 1
+            if item.get("type", "message") != "message" or item.get("role") != "user":
+                continue
+            content = item.get("content")
+            parts = (
+                [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+            )
+            text = "\n".join(
+                p.get("text", "") for p in parts or () if p.get("type") == "input_text"
+            )
+            if NOT_A_REQUEST.search(text):
+                calls += sum(int(n) for name, n in REMOVED_CALLS.findall(text) if name == self.tool)
+            elif text.strip() and not text.lstrip().startswith("<"):
+                return text, calls
+        return "", calls
+
+    def _usage(self, body: Mapping[str, Any], whole: Sequence[Any]) -> dict[str, Any]:
+        head = [body.get("instructions"), body.get("tools")]
+        prompt = _tokens([*head, *whole])
+        digest = hashlib.sha256(orjson.dumps(head))
+        cached = 0
+        for index, item in enumerate(whole):
+            digest.update(orjson.dumps(item))
+            key = digest.digest()
+            if key in self._seen:
+                cached = _tokens([*head, *whole[: index + 1]])
+            self._seen.add(key)
+        cached = cached // 128 * 128 if cached >= 1024 else 0
+        return response_usage(prompt, 30, cached_tokens=min(cached, prompt), reasoning_tokens=10)

@@ -35,7 +35,7 @@ from pipelines import (
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR
-from pipelines.ports import Summaries
+from pipelines.ports import Rendering, Summaries
 
 __all__ = [
     "CONVERSATION_HEADER",
@@ -85,6 +85,8 @@ class ChatRequest:
     content: bytes | None = None
     """``result.request`` as OpenAI chat JSON, when it was encoded already (to look for
     refs in it): the body as received when no stage changed it."""
+    render: Rendering | None = None
+    """How a run of removed messages is stored (``None``: as chat JSON)."""
 
     @property
     def rewritten(self) -> bool:
@@ -105,6 +107,7 @@ async def compact(
     dry_run: bool = False,
     restore_tool: bool = True,
     history_seen: bool = True,
+    render: Rendering | None = None,
 ) -> ChatRequest:
     """``body``, an OpenAI chat request (as received in ``raw`` when it came as one),
     compacted under its policy, with where it goes (``ChatRequest.target``, resolved here
@@ -112,7 +115,8 @@ async def compact(
     already prepared is used). Without ``restore_tool`` (a client API whose wire has no
     restore loop) the gateway's tool is never added. Without ``history_seen`` (a request
     that continues a history the upstream keeps) the request is kept to hygiene (policy
-    mode ``off``): what the gateway cannot see, it cannot compact."""
+    mode ``off``): what the gateway cannot see, it cannot compact. ``render`` stores a
+    run of removed messages in the client's own form (``pipelines.ports.Rendering``)."""
     caller = call.caller
     call.record.read(body)
     refuse_upstream_choice(body)
@@ -138,7 +142,9 @@ async def compact(
             services, raw, body, policy, state, namespace, conversation, summaries
         )
     else:
-        result = await _compact(services, body, policy, state, namespace, conversation, summaries)
+        result = await _compact(
+            services, body, policy, state, namespace, conversation, summaries, render
+        )
         tooled, content = None, None
     return ChatRequest(
         raw,
@@ -152,6 +158,7 @@ async def compact(
         target,
         restore_tool=tooled is not None,
         content=content,
+        render=render,
     )
 
 
@@ -210,7 +217,13 @@ async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
     result = await _compact(
-        services, chat.body, policy, chat.state, chat.namespace, chat.conversation
+        services,
+        chat.body,
+        policy,
+        chat.state,
+        chat.namespace,
+        chat.conversation,
+        render=chat.render,
     )
     if result.request == chat.result.request:
         return None
@@ -304,6 +317,7 @@ async def _compact(
     namespace: str,
     conversation: str,
     summaries: Summaries | None = None,
+    render: Rendering | None = None,
 ) -> CompactResult:
     try:
         return await services.pipeline.compact(
@@ -314,6 +328,7 @@ async def _compact(
             conversation=conversation,
             store=services.stores.for_request(),
             summaries=summaries,
+            render=render,
         )
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

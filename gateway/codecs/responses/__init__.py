@@ -8,7 +8,12 @@ requests <-> the pipeline's chat form, and what the gateway reads of its answers
 """
 
 from gateway.codecs.responses.answers import chat_usage, error_event, response_of
-from gateway.codecs.responses.items import chat_messages, pairing_key, response_items
+from gateway.codecs.responses.items import (
+    chat_messages,
+    pairing_key,
+    response_items,
+    stored_items,
+)
 from gateway.codecs.responses.request import InboundRequest, from_body, parse_request, to_request
 
 __all__ = [
@@ -21,5 +26,6 @@ __all__ = [
     "parse_request",
     "response_items",
     "response_of",
+    "stored_items",
     "to_request",
 ]

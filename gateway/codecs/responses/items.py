@@ -53,6 +53,7 @@ __all__ = [
     "instructions_of",
     "pairing_key",
     "response_items",
+    "stored_items",
 ]
 
 ITEMS: Final = "response_items"
@@ -324,6 +325,12 @@ def _text_of(content: Any) -> str:
 
 
 # -- the way back -------------------------------------------------------------------------
+
+
+def stored_items(messages: Sequence[Mapping[str, Any]]) -> bytes:
+    """A run of messages the pipeline removed, as it is stored behind a ref: the JSON of
+    the items they came from, so that a restore gives the client its own items."""
+    return orjson.dumps(response_items(messages))
 
 
 def response_items(messages: Sequence[Mapping[str, Any]]) -> list[Any]:

@@ -528,10 +528,17 @@ def test_a_long_session_is_compacted_to_its_budget_with_its_pairs_and_reasoning_
     assert restored.status_code == 200
     removed = [item for item in items if item not in sent]
     assert removed
+    # The ref gives back the client's own items, as it sent them: every removed item
+    # whose output the filter did not offload first is there whole.
+    restored_items = restored.json()
+    assert all(isinstance(item, dict) and item.get("role") != "tool" for item in restored_items)
+    assert not any("response_items" in item or "tool_calls" in item for item in restored_items)
     for item in removed:
         key = item.get("encrypted_content") or item.get("call_id")
         assert key is not None
         assert key in restored.text
+    whole = [item for item in removed if item.get("type") != "function_call_output"]
+    assert all(item in restored_items for item in whole)
 
 
 OVERFLOW = {
