@@ -2,10 +2,12 @@
 connection (the openai SDK's ``client.responses.connect()``, Codex CLI), relayed to the
 upstream's own WebSocket with each ``response.create`` through the context pipeline.
 
-One client connection is one upstream connection, opened at the first ``response.create``
+One client connection is one upstream connection, opened during the client's handshake
 with the caller's upstream key and the client's headers (``OpenAI-Beta`` included), so
 that everything a connection sends goes up under one key (encrypted reasoning decrypts
-only under the key that made it). Per message from the client:
+only under the key that made it), the upstream's handshake headers reach the client (Codex
+reads ``x-codex-turn-state`` there), and the upstream's refusal is the client's, status and
+body. Per message from the client:
 
 - ``response.create``: read as a Responses request (its fields beside ``type``), within
   the caller's limits and the process's load, compacted like an HTTP request
@@ -27,7 +29,7 @@ feeds the conversation's record (cache warmth, breaks) and it is counted and log
 exchange (``WS /v1/responses``), as an HTTP request is. The upstream's close code and
 reason reach the client; a client that leaves closes the upstream connection.
 
-A caller without valid credentials is refused at the handshake (403, close code 1008). At
+A caller without valid credentials is refused at the handshake (401, OpenAI's envelope). At
 shutdown (``gateway.edge.drain``) an idle connection is closed with 1001 at once, a busy one
 after the last event of its response in flight; a ``response.create`` that comes meanwhile,
 or a response the grace period cuts short, gets an ``error`` event
@@ -49,7 +51,11 @@ import anyio
 import orjson
 from litestar import WebSocket, websocket
 from litestar.exceptions import WebSocketDisconnect
-from litestar.types import HTTPDisconnectEvent
+from litestar.types import (
+    HTTPDisconnectEvent,
+    WebSocketResponseBodyEvent,
+    WebSocketResponseStartEvent,
+)
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
@@ -62,12 +68,11 @@ from gateway.context.record import RequestRecord, new_request_id
 from gateway.edge.access import ACCESS_LOG, AccessLog, Exchange
 from gateway.errors import (
     GatewayError,
-    InvalidRequest,
     PayloadTooLarge,
     ShuttingDown,
     UpstreamUnreachable,
 )
-from gateway.http.forwarding import upstream_request_headers
+from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
 from gateway.routes.responses import compacted
 from gateway.runtime import Gateway
 from gateway.store.redis import namespace_id
@@ -82,6 +87,8 @@ ROUTE: Final = "/v1/responses"
 _ENDS: Final = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 """Server events after which a response is over."""
 _HANDSHAKE: Final = ("sec-websocket-", "content-type")
+_NOT_RELAYED: Final = HOP_BY_HOP | {"content-length", "date", "server", "set-cookie"}
+"""Headers of the upstream's handshake answer the client's does not take."""
 """Client headers that describe its own handshake, not the request: never sent up."""
 _HISTORIES: Final = 4
 """Responses whose whole history a connection keeps for a ``previous_response_id``."""
@@ -95,22 +102,115 @@ async def responses_socket(socket: WebSocket[Any, Any, Any]) -> None:
     """The Responses API's WebSocket, each response through the context pipeline."""
     gateway: Gateway = socket.app.state.gateway
     headers = {name.lower(): value for name, value in socket.headers.items()}
-    if gateway.draining.started:
-        await socket.close(code=_GOING_AWAY, reason="The gateway is shutting down.")
-        return
     try:
+        if gateway.draining.started:
+            raise ShuttingDown("The gateway is shutting down; connect again.")
         caller = await identify(gateway.tenants, gateway.stores, headers)
-    except GatewayError as refused:
-        await socket.close(code=_POLICY, reason=refused.message[:120])
+        upstream = await _open_upstream(gateway, caller, headers, socket.scope)
+    except _Refused as refused:
+        await _deny(socket, refused.status, refused.body, refused.headers)
         return
-    await socket.accept()
+    except GatewayError as error:
+        body = orjson.dumps({"error": _detail(error)})
+        await _deny(socket, error.status, body, [(b"content-type", b"application/json")])
+        return
+    await socket.accept(headers=_handshake_headers(upstream))
     access = socket.scope.get("state", {}).get(ACCESS_LOG)
-    connection = _Connection(gateway, socket, headers, caller, access)
+    connection = _Connection(gateway, socket, headers, caller, access, upstream)
     with gateway.draining.socket() as cancel:
         await connection.serve()
     if cancel.cancelled_caught:
         # The grace period ran out with a response in flight: it will not be answered.
         await connection.shut(ShuttingDown("The gateway is shutting down; connect again."))
+
+
+class _Refused(Exception):
+    """The upstream refused the WebSocket's handshake: its answer, relayed to the client."""
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(status)
+        self.status, self.body, self.headers = status, body, headers
+
+
+async def _open_upstream(
+    gateway: Gateway, caller: Caller, headers: dict[str, str], scope: Any
+) -> ClientConnection:
+    """The upstream's WebSocket for one client connection: the OpenAI-compatible
+    upstream's ``/responses``, with the client's headers and the caller's upstream key
+    (one key for everything the connection sends). Its refusal is ``_Refused``."""
+    settings = gateway.settings.upstream
+    base = settings.base_url.rstrip("/")
+    url = ("ws" + base[4:] if base.startswith("http") else base) + "/responses"
+    query = scope.get("query_string", b"")
+    if query:
+        url += "?" + query.decode("latin-1")
+    key = gateway.upstream_key(caller, "")  # the OpenAI-compatible upstream's, any model
+    sent = [
+        (name, value)
+        for name, value in upstream_request_headers(headers.items(), key).items()
+        if not name.startswith(_HANDSHAKE)
+    ]
+    try:
+        return await connect(
+            url,
+            additional_headers=sent,
+            user_agent_header=None,
+            open_timeout=settings.connect_timeout,
+            max_size=None,
+            proxy=None,
+        )
+    except InvalidStatus as refused:
+        answer = refused.response
+        kept = [
+            (name.lower().encode(), value.encode("latin-1", "replace"))
+            for name, value in answer.headers.raw_items()
+            if name.lower() in ("content-type", "retry-after") or name.lower().startswith("x-")
+        ]
+        raise _Refused(answer.status_code, bytes(answer.body or b""), kept) from refused
+    except (OSError, TimeoutError, WebSocketException) as failed:
+        raise UpstreamUnreachable(
+            f"The upstream's WebSocket could not be opened: {failed}"
+        ) from failed
+
+
+def _handshake_headers(upstream: ClientConnection) -> list[tuple[bytes, bytes]]:
+    """The upstream's handshake answer's own headers, for the client's (Codex reads
+    ``x-codex-turn-state`` and the model headers there)."""
+    answer = upstream.response
+    if answer is None:
+        return []
+    return [
+        (name.lower().encode(), value.encode("latin-1", "replace"))
+        for name, value in answer.headers.raw_items()
+        if name.lower() not in _NOT_RELAYED and not name.lower().startswith("sec-websocket-")
+    ]
+
+
+async def _deny(
+    socket: WebSocket[Any, Any, Any],
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    """Refuse the handshake with an HTTP answer (the ASGI WebSocket denial response)."""
+    if socket.connection_state == "init":
+        await socket.receive()  # the connection request
+    start: WebSocketResponseStartEvent = {
+        "type": "websocket.http.response.start",
+        "status": status,
+        "headers": headers,
+    }
+    await socket.send(start)
+    end: WebSocketResponseBodyEvent = {
+        "type": "websocket.http.response.body",
+        "body": body,
+        "more_body": False,
+    }
+    await socket.send(end)
+
+
+def _detail(error: GatewayError) -> dict[str, Any]:
+    return {"type": error.type, "code": error.code, "message": error.message, "param": error.param}
 
 
 @dataclass(slots=True)
@@ -140,10 +240,11 @@ class _Connection:
         headers: dict[str, str],
         caller: Caller,
         access: AccessLog | None,
+        upstream: ClientConnection,
     ) -> None:
         self.gateway, self.socket, self.headers = gateway, socket, headers
         self.caller, self.access = caller, access
-        self.upstream: ClientConnection | None = None
+        self.upstream = upstream
         self.pending: deque[_Response] = deque()
         self.idle = asyncio.Event()
         """Set while no response is in flight."""
@@ -159,6 +260,7 @@ class _Connection:
             async with anyio.create_task_group() as group:
                 self._group = group
                 group.start_soon(self._until_drained)
+                group.start_soon(self._from_upstream, self.upstream)
                 await self._from_client()
                 group.cancel_scope.cancel()
         finally:
@@ -200,13 +302,8 @@ class _Connection:
                 message = None
             if isinstance(message, dict) and message.get("type") == "response.create":
                 await self._create(message, text)
-            elif self.upstream is not None:
-                await self.upstream.send(text)
             else:
-                await self._refuse(
-                    InvalidRequest("Send a response.create event first.", code="unexpected_event"),
-                    None,
-                )
+                await self.upstream.send(text)
 
     async def _create(self, message: dict[str, Any], text: str) -> None:
         """A ``response.create``: admitted, compacted, sent up."""
@@ -225,14 +322,13 @@ class _Connection:
             call = Call(self.headers, self.caller, record, _never, response.started)
             chat = response.chat = await compacted(self.gateway, call, inbound)
             record.report, record.attempts = chat.result.report, 1
-            upstream = await self._upstream_for(chat)
             if chat.result.changed or rebuilt:
                 sent = to_request(chat.result.request, inbound.native)
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()
             self.pending.append(response)
             self.idle.clear()
-            await upstream.send(text)
+            await self.upstream.send(text)
         except GatewayError as refused:
             if response in self.pending:
                 self.pending.remove(response)
@@ -269,12 +365,7 @@ class _Connection:
     async def _refuse(self, error: GatewayError, response: _Response | None) -> None:
         """An ``error`` event for a request the gateway would not send; the response (if
         any) counted and logged with the error's status."""
-        detail = {
-            "type": error.type,
-            "code": error.code,
-            "message": error.message,
-            "param": error.param,
-        }
+        detail = _detail(error)
         event = {"type": "error", "status": error.status, "error": detail}
         await self._to_client(orjson.dumps(event).decode())
         if response is not None:
@@ -307,47 +398,6 @@ class _Connection:
             await self.socket.close(code=code, reason=reason)
 
     # -- the upstream's side -----------------------------------------------------------
-
-    async def _upstream_for(self, chat: ChatRequest) -> ClientConnection:
-        """The upstream connection, opened by the first response that goes up."""
-        if self.upstream is not None:
-            return self.upstream
-        target = chat.target
-        assert target is not None
-        settings = self.gateway.settings.upstream
-        base = settings.base_url.rstrip("/")
-        url = ("ws" + base[4:] if base.startswith("http") else base) + "/responses"
-        query = self.socket.scope.get("query_string", b"")
-        if query:
-            url += "?" + query.decode("latin-1")
-        key = self.gateway.upstream_key(self.caller, target.model)
-        headers = upstream_request_headers(self.headers.items(), key)
-        sent = [(k, v) for k, v in headers.items() if not k.startswith(_HANDSHAKE)]
-        try:
-            self.upstream = await connect(
-                url,
-                additional_headers=sent,
-                user_agent_header=None,
-                open_timeout=settings.connect_timeout,
-                max_size=None,
-                proxy=None,
-            )
-        except InvalidStatus as refused:
-            status = refused.response.status_code
-            body = bytes(refused.response.body or b"")[:300].decode("utf-8", "replace")
-            raise UpstreamUnreachable(
-                f"The upstream refused the WebSocket ({status}): {body}",
-                code="upstream_error",
-                status=status if 400 <= status < 600 else None,
-            ) from refused
-        except (OSError, TimeoutError, WebSocketException) as failed:
-            raise UpstreamUnreachable(
-                f"The upstream's WebSocket could not be opened: {failed}",
-                code="upstream_unavailable",
-            ) from failed
-        assert self._group is not None
-        self._group.start_soon(self._from_upstream, self.upstream)
-        return self.upstream
 
     async def _from_upstream(self, upstream: ClientConnection) -> None:
         """Every server event to the client, in order; the upstream's close relayed."""
@@ -406,9 +456,7 @@ class _Connection:
             del self.histories[next(iter(self.histories))]
 
     async def _close_upstream(self) -> None:
-        upstream = self.upstream
-        if upstream is not None:
-            await upstream.close()
+        await self.upstream.close()
 
     # -- accounting --------------------------------------------------------------------
 

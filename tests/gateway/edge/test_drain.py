@@ -293,7 +293,12 @@ async def test_sigterm_lets_websocket_responses_finish_then_closes_with_going_aw
         ):
             create = {"type": "response.create", "model": "gpt-4o", "input": "Hi"}
             await busy.send(orjson.dumps(create).decode())
-            await asyncio.to_thread(wait_until, lambda: len(upstream.websockets) == 1, 5, "up")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: any(r.method == "WS" for r in upstream.received),
+                5,
+                "the response sent up",
+            )
             served.process.send_signal(signal.SIGTERM)
             with pytest.raises(ConnectionClosed) as idle_closed:
                 await asyncio.wait_for(idle.recv(), 2)

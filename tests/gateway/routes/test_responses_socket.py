@@ -145,16 +145,17 @@ async def test_a_client_that_leaves_closes_the_upstream_connection(
     assert session.closed_by == "client"
 
 
-async def test_an_upstream_that_refuses_the_handshake_is_an_error_event(
+async def test_an_upstream_that_refuses_the_handshake_refuses_the_clients(
     client: openai.AsyncOpenAI, upstream: MockUpstream
 ) -> None:
+    """The upstream's connection is opened with the client's, so its refusal (a bad key,
+    say) is the client's handshake answer, status and body, as without the gateway."""
     upstream.push(WSReject({"error": {"message": "bad key"}}, status=401))
-    async with client.responses.connect() as connection:
-        await connection.response.create(model="gpt-4o", input="Hi")
-        events = await until_done(connection)
-    assert events[-1].type == "error"
-    assert events[-1].status == 401
-    assert "bad key" in events[-1].error.message
+    with pytest.raises(InvalidStatus) as refused:
+        async with client.responses.connect() as connection:
+            await connection.response.create(model="gpt-4o", input="Hi")
+    assert refused.value.response.status_code == 401
+    assert b"bad key" in refused.value.response.body
 
 
 async def test_usage_feeds_the_conversation_and_each_response_is_counted(
@@ -199,7 +200,8 @@ async def test_without_a_valid_key_the_handshake_is_refused(
     with pytest.raises(InvalidStatus) as refused:
         async with websockets.connect(url, additional_headers={"authorization": "Bearer nope"}):
             pass
-    assert refused.value.response.status_code == 403
+    assert refused.value.response.status_code == 401
+    assert orjson.loads(refused.value.response.body)["error"]["code"] == "invalid_api_key"
     assert upstream.websockets == []
 
 
