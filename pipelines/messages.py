@@ -81,6 +81,8 @@ def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
             yield ("media", "") if text is None else ("text", text)
         elif part_type == "reasoning":
             yield "text", _reasoning_text(part)
+        elif part_type == "compaction":
+            continue  # opaque: the token counter estimates what it stands for
         else:
             text = part.get("text", part.get("thinking", part.get("refusal")))
             if isinstance(text, str):

@@ -318,7 +318,7 @@ class TokenCounter:
                 tokens += AUDIO_TOKENS
             else:
                 tokens += self.count_text(value)
-        if blocks or message.get("role") == "assistant":
+        if blocks or message.get("role") in ("assistant", "system"):
             tokens += _hidden_thinking(message.get("content")) + _hidden_thinking(blocks)
         tool_calls = message.get("tool_calls")
         if isinstance(tool_calls, list):
@@ -348,7 +348,8 @@ def _hidden_thinking(parts: Any) -> int:
     as input. A quarter of the signature's length. And of the reasoning behind an OpenAI
     Responses ``reasoning`` item's ``encrypted_content``: a fifth of its length (base64 of
     the encrypted text, about 5.3 characters per reasoning token), where BPE would count
-    the base64 itself, at 1.5 characters a token, over three times as much."""
+    the base64 itself, at 1.5 characters a token, over three times as much; and of the
+    history behind a ``compaction`` item (a system turn) the same way."""
     if not isinstance(parts, list):
         return 0
     hidden = 0
@@ -359,7 +360,7 @@ def _hidden_thinking(parts: Any) -> int:
         if kind == "thinking" and not part.get("thinking"):
             signature = part.get("signature")
             hidden += len(signature) // 4 if isinstance(signature, str) else 0
-        elif kind == "reasoning":
+        elif kind in ("reasoning", "compaction"):
             encrypted = part.get("encrypted_content")
             hidden += len(encrypted) // 5 if isinstance(encrypted, str) else 0
     return hidden

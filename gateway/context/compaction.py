@@ -87,6 +87,9 @@ class ChatRequest:
     refs in it): the body as received when no stage changed it."""
     render: Rendering | None = None
     """How a run of removed messages is stored (``None``: as chat JSON)."""
+    history_seen: bool = True
+    """Whether the request carries its whole history (not one the upstream keeps): only
+    then may it be compacted, the overflow retry included."""
 
     @property
     def rewritten(self) -> bool:
@@ -124,7 +127,9 @@ async def compact(
         call.headers.get(POLICY_HEADER), caller.profile.policy, caller.profile.bounds
     )
     if not history_seen:
-        policy = replace(policy, mode="off")
+        # No compaction, and no prompt_cache_key of the gateway's: its conversation id,
+        # hashed from what the request shows, would change every turn.
+        policy = replace(policy, mode="off", cache_markers=False)
     model = str(body.get("model", ""))
     _check_models(caller, model, policy)
     target = None if dry_run else services.target(caller, model, call.headers)
@@ -159,6 +164,7 @@ async def compact(
         restore_tool=tooled is not None,
         content=content,
         render=render,
+        history_seen=history_seen,
     )
 
 
@@ -213,7 +219,7 @@ async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None
     under the budget floor or change nothing."""
     report = chat.result.report
     budget = min(report.budget, report.tokens_after) // 2
-    if budget < BUDGET_FLOOR:
+    if budget < BUDGET_FLOOR or not chat.history_seen:
         return None
     policy = replace(chat.policy, max_input=budget, mode="truncate")
     result = await _compact(

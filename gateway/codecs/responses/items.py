@@ -146,7 +146,10 @@ def chat_messages(
     calls: set[str] = set()
     for item in items:
         kind = item_type(item)
-        if _in_run(item) or (run and kind not in _PINNED and not _stands_alone(item)):
+        pending = kind in _PINNED and any(True for _ in _keys(run))
+        if _in_run(item) or pending or (run and kind not in _PINNED and not _stands_alone(item)):
+            # A pinned item between calls and their outputs stays in the run, so that
+            # the outputs still follow their calls.
             run.append(item)
             continue
         if run:
@@ -156,8 +159,6 @@ def chat_messages(
         if is_output(item):
             key = pairing_key(item)
             if key is not None and key not in calls:
-                if not any(m.get("role") not in ("system",) for m in messages):
-                    messages.append(_EXTERNAL_OPENING)
                 messages.append(_external(key))
                 calls.add(key)
             messages.append(_tool(item, key))
@@ -168,6 +169,12 @@ def chat_messages(
         began = began or not (kind == "message" and item.get("role") in ("system", "developer"))
     if run:
         messages.append(_assistant(run))
+    opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+    if opening is not None and messages[opening].get("role") != "user":
+        # A history that opens with the model (or with outputs of calls held upstream):
+        # the user turn the pipeline expects first, never sent, so that pair repair adds
+        # none the client did not send.
+        messages.insert(opening, dict(_EXTERNAL_OPENING))
     return messages
 
 
@@ -236,9 +243,9 @@ _EXTERNAL_OPENING: Final = {
     "content": "(The conversation so far is held by the upstream.)",
     EXTERNAL: True,
 }
-"""Before an output whose call the upstream holds, when nothing but system messages
-precede it: the user turn the pipeline expects to open a history (pair repair would
-otherwise add one); never sent."""
+"""Before a history that does not open with a user turn (it opens with the model, or
+with outputs of calls the upstream holds): the user turn the pipeline expects to open a
+history (pair repair would otherwise add one); never sent."""
 
 
 def _external(key: str) -> dict[str, Any]:
@@ -346,7 +353,9 @@ def response_items(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
         if role == "assistant":
             out.extend(_run_back(message, items if isinstance(items, list) else []))
         elif role == "tool":
-            out.append(_tool_back(message, items[0] if items else None, kinds))
+            made = _tool_back(message, items[0] if items else None, kinds)
+            if made is not None:
+                out.append(made)
         elif items and not _message_like(items[0]):
             out.append(items[0])  # pinned: as it came
         else:
@@ -405,7 +414,7 @@ def _text_part(text: str, text_type: str) -> dict[str, Any]:
 
 def _tool_back(
     message: Mapping[str, Any], item: Mapping[str, Any] | None, kinds: Mapping[str, str]
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     content = message.get("content")
     if item is not None:
         output = item.get("output")
@@ -415,12 +424,34 @@ def _tool_back(
             return dict(item)
         return {**item, "output": _parts_back(content, "input_text", output)}
     key = str(message.get("tool_call_id", ""))
-    kind = kinds.get(key, "function_call")
-    output_type = (
-        "custom_tool_call_output" if kind == "custom_tool_call" else "function_call_output"
-    )
     text = content if isinstance(content, str) else _text_of(content)
-    return {"type": output_type, "call_id": key, "output": text}
+    return _made_output(kinds.get(key, "function_call"), key, text)
+
+
+def _made_output(kind: str, key: str, text: str) -> dict[str, Any] | None:
+    """An output the pipeline made for a call left without one (pair repair's
+    "interrupted" result), in the form the call's kind takes; ``None`` for a call no made
+    up output may answer (a computer call wants a screenshot, an MCP approval the user's
+    decision, an unknown kind an unknown shape): it goes up unanswered, as the client
+    sent it."""
+    if kind == "function_call":
+        return {"type": "function_call_output", "call_id": key, "output": text}
+    if kind == "custom_tool_call":
+        return {"type": "custom_tool_call_output", "call_id": key, "output": text}
+    if kind == "local_shell_call":
+        return {"type": "local_shell_call_output", "id": key, "output": text}
+    if kind == "shell_call":
+        outcome = {"type": "exit", "exit_code": 1}
+        result = {"stdout": "", "stderr": text, "outcome": outcome}
+        return {"type": "shell_call_output", "call_id": key, "output": [result]}
+    if kind == "apply_patch_call":
+        return {
+            "type": "apply_patch_call_output",
+            "call_id": key,
+            "status": "failed",
+            "output": text,
+        }
+    return None
 
 
 def _run_back(message: Mapping[str, Any], run: list[Any]) -> list[Any]:
@@ -455,6 +486,9 @@ def _run_back(message: Mapping[str, Any], run: list[Any]) -> list[Any]:
             slots.setdefault(index, []).append(call)
         elif isinstance(call, Mapping):
             new_calls.append(dict(call))
+    for index, item in enumerate(run):
+        if _message_like(item) and not item.get("content"):
+            slots.setdefault(index, [])  # an empty answer: nothing a stage could take
     kept = _with_reasoning(run, slots)
     out: list[Any] = []
     if loose:
@@ -516,7 +550,7 @@ def _item_back(item: Mapping[str, Any], found: list[Any]) -> Any:
         same_text = (
             isinstance(original, str) and len(parts) == 1 and parts[0].get("text") == original
         )
-        if same_text or parts == original:
+        if same_text or parts == original or (not parts and not original):
             return dict(item)
         return {**item, "content": _unchanged_parts(parts, original)}
     if is_call(item):
@@ -532,8 +566,28 @@ def _item_back(item: Mapping[str, Any], found: list[Any]) -> Any:
             payload = orjson.loads(now)
         except orjson.JSONDecodeError:
             return dict(item)
-        return {**item, **payload} if isinstance(payload, dict) else dict(item)
+        if not isinstance(payload, dict) or not _same_shape(payload, _payload(item)):
+            return dict(item)  # cut where the item's schema allows no cut: as it came
+        return {**item, **payload}
     return dict(item)  # reasoning, hosted or unknown: never edited
+
+
+def _same_shape(now: Any, was: Any) -> bool:
+    """Whether ``now`` has ``was``'s structure: the same keys and the same kinds of value
+    all the way down, lists no longer; strings may differ (a cut string is still one)."""
+    if isinstance(was, dict):
+        return (
+            isinstance(now, dict)
+            and now.keys() == was.keys()
+            and all(_same_shape(now[key], was[key]) for key in was)
+        )
+    if isinstance(was, list):
+        return (
+            isinstance(now, list)
+            and len(now) == len(was)
+            and all(_same_shape(a, b) for a, b in zip(now, was, strict=True))
+        )
+    return type(now) is type(was)
 
 
 def _unchanged_parts(parts: list[Any], original: Any) -> list[Any]:

@@ -43,8 +43,14 @@ class InboundRequest:
     @property
     def stateful(self) -> bool:
         """Whether it continues state the upstream keeps (``previous_response_id``,
-        ``conversation``): then the gateway cannot see, so cannot compact, the history."""
-        return any(self.native.get(field) is not None for field in _STATE_FIELDS)
+        ``conversation``, or an ``item_reference`` to a stored item): then the gateway
+        cannot see, so cannot compact, the history."""
+        if any(self.native.get(field) is not None for field in _STATE_FIELDS):
+            return True
+        items = self.native.get("input")
+        return isinstance(items, list) and any(
+            isinstance(item, dict) and item.get("type") == "item_reference" for item in items
+        )
 
     @property
     def stream(self) -> bool:

@@ -572,6 +572,26 @@ def test_an_upstream_overflow_is_compacted_and_retried(
     assert_pairs_and_reasoning_whole(retried, items, second.body)
 
 
+def test_a_stateful_requests_overflow_is_relayed_not_compacted(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """A request continuing server-side state cannot be compacted, not even to retry an
+    overflow: the upstream's refusal is relayed after one attempt, and what went up was
+    every output the client sent, with no prompt_cache_key of the gateway's (its
+    conversation id, hashed from what one turn shows, would change every turn)."""
+    outputs = [
+        {"type": "function_call_output", "call_id": f"call_{i}", "output": f"result {i}"}
+        for i in range(6)
+    ]
+    upstream.push(JSONReply(OVERFLOW, status=400))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input=outputs, previous_response_id="resp_0")
+    assert refused.value.code == "context_length_exceeded"
+    (sent,) = upstream.received
+    assert sent.json()["input"] == outputs
+    assert "prompt_cache_key" not in sent.json()
+
+
 # -- stateful requests -----------------------------------------------------------------------
 
 STATES = {"previous_response_id": "resp_earlier", "conversation": "conv_earlier"}

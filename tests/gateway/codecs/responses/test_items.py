@@ -228,3 +228,145 @@ async def test_compacted_through_the_pipeline_pairs_hold_and_reasoning_is_untouc
 def _refs(found: Any) -> set[str]:
     text = found if isinstance(found, str) else orjson.dumps(found).decode()
     return set(re.findall(r"ctx_[A-Za-z0-9_-]{22,}", text))
+
+
+def test_a_call_left_without_output_gets_one_of_its_own_kind_or_none() -> None:
+    """Pair repair answers a call the client left unanswered; on the way back the answer
+    takes the call's kind (a function output answers no shell call), and a call nothing
+    made up may answer (an MCP approval, a computer call) goes up unanswered."""
+    calls = {
+        "function_call": {"name": "f", "arguments": "{}"},
+        "local_shell_call": {"action": {"type": "exec", "command": ["ls"], "env": {}}},
+        "shell_call": {"action": {"commands": ["ls"]}},
+        "apply_patch_call": {"operation": {"type": "delete_file", "path": "a.py"}},
+        "computer_call": {"action": {"type": "screenshot"}, "pending_safety_checks": []},
+    }
+    expected = {
+        "function_call": "function_call_output",
+        "local_shell_call": "local_shell_call_output",
+        "shell_call": "shell_call_output",
+        "apply_patch_call": "apply_patch_call_output",
+        "computer_call": None,
+    }
+    for kind, fields in calls.items():
+        call = {"type": kind, "id": "x_1", "call_id": "c_1", "status": "completed", **fields}
+        items = checked([{"role": "user", "content": "Go."}, call])
+        messages = chat_messages(items, None)
+        interrupted = {"role": "tool", "tool_call_id": "c_1", "content": "[interrupted]"}
+        back = response_items([*messages, interrupted])
+        made = back[2:]
+        if expected[kind] is None:
+            assert made == []
+        else:
+            assert [item["type"] for item in made] == [expected[kind]]
+            checked(made)
+    approval = {"type": "mcp_approval_request", "id": "a_1", "server_label": "s", "name": "n"}
+    messages = chat_messages(
+        [{"role": "user", "content": "Go."}, {**approval, "arguments": "{}"}], None
+    )
+    interrupted = {"role": "tool", "tool_call_id": "a_1", "content": "[interrupted]"}
+    assert len(response_items([*messages, interrupted])) == 2
+
+
+def test_a_pinned_item_between_a_call_and_its_output_keeps_them_paired() -> None:
+    items = checked(
+        [
+            {"role": "user", "content": "Go."},
+            {"type": "function_call", "call_id": "c_1", "name": "f", "arguments": "{}"},
+            {"type": "item_reference", "id": "msg_0"},
+            {"type": "function_call_output", "call_id": "c_1", "output": "done"},
+        ]
+    )
+    messages = chat_messages(items, None)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2]["tool_call_id"] == "c_1"
+    assert response_items(messages) == items
+
+
+def test_a_history_opening_with_the_model_gets_no_made_up_user_turn() -> None:
+    items = checked(
+        [
+            {"role": "developer", "content": "Rules."},
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Hello.", "annotations": []}],
+            },
+            {"role": "user", "content": "Hi."},
+        ]
+    )
+    messages = chat_messages(items, None)
+    assert messages[1][EXTERNAL] is True  # the opening the pipeline expects, never sent
+    assert response_items(messages) == items
+
+
+def test_an_empty_answer_comes_back_when_its_run_does() -> None:
+    empty = {
+        "type": "message",
+        "id": "m",
+        "role": "assistant",
+        "status": "completed",
+        "content": [],
+    }
+    call = {"type": "function_call", "call_id": "c_1", "name": "f", "arguments": "{}"}
+    items = checked([{"role": "user", "content": "Go."}, empty, call])
+    messages = chat_messages(items, None)
+    shortened = {**messages[1], "tool_calls": [dict(messages[1]["tool_calls"][0])]}
+    assert response_items([messages[0], shortened]) == items
+
+
+def test_a_cut_that_breaks_a_calls_schema_is_not_sent() -> None:
+    """The emergency cuts long call arguments; where the cut changes the structure of a
+    call that is not a function's (a list shortened, a key gone), the call goes as sent."""
+    call = {
+        "type": "computer_call",
+        "id": "cu_1",
+        "call_id": "c_1",
+        "status": "completed",
+        "pending_safety_checks": [],
+        "action": {"type": "drag", "path": [{"x": i, "y": i} for i in range(400)]},
+    }
+    items = checked([{"role": "user", "content": "Go."}, call])
+    messages = chat_messages(items, None)
+    tool_call = messages[1]["tool_calls"][0]
+    cut = {"action": {"type": "drag", "path": [{"x": 0, "y": 0}, "... 399 items cut ..."]}}
+    cut_call = {
+        **tool_call,
+        "function": {**tool_call["function"], "arguments": orjson.dumps(cut).decode()},
+    }
+    back = response_items([messages[0], {**messages[1], "tool_calls": [cut_call]}])
+    assert back[1] == call
+    # A cut that keeps the structure (a string shortened) is sent.
+    shell = {
+        "type": "local_shell_call",
+        "id": "l_1",
+        "call_id": "c_2",
+        "status": "completed",
+        "action": {"type": "exec", "command": ["echo", "x" * 5000], "env": {}},
+    }
+    messages = chat_messages(checked([{"role": "user", "content": "Go."}, shell]), None)
+    tool_call = messages[1]["tool_calls"][0]
+    short = {"action": {"type": "exec", "command": ["echo", "x [cut]"], "env": {}}}
+    short_call = {
+        **tool_call,
+        "function": {**tool_call["function"], "arguments": orjson.dumps(short).decode()},
+    }
+    back = response_items([messages[0], {**messages[1], "tool_calls": [short_call]}])
+    assert back[1]["action"]["command"] == ["echo", "x [cut]"]
+
+
+def test_a_compaction_item_counts_as_the_history_it_encrypts() -> None:
+    counter = Pipeline().counter("o200k_base")
+    messages = chat_messages(
+        checked(
+            [
+                {"type": "compaction", "encrypted_content": ENCRYPTED * 100},
+                {"role": "user", "content": "Go on."},
+            ]
+        ),
+        None,
+    )
+    bare = counter.count_message({"role": "system", "content": []})
+    assert counter.count_message(messages[0]) - bare == len(ENCRYPTED * 100) // 5

@@ -53,7 +53,12 @@ def test_the_pipeline_reads_model_budget_tools_and_cache_key() -> None:
         "response_instructions": True,
     }
     assert inbound.stream
-    assert not inbound.stateful
+    # Its history names a stored item (an item_reference): it continues state the
+    # upstream keeps; without that reference it would carry its whole history.
+    assert inbound.stateful
+    body = _codex_like()
+    body["input"] = [item for item in body["input"] if item.get("type") != "item_reference"]
+    assert not parse_request(orjson.dumps(body)).stateful
 
 
 def test_a_string_input_stays_a_string() -> None:
