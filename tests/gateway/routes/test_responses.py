@@ -580,7 +580,11 @@ def test_a_stateful_requests_overflow_is_relayed_not_compacted(
     every output the client sent, with no prompt_cache_key of the gateway's (its
     conversation id, hashed from what one turn shows, would change every turn)."""
     outputs = [
-        {"type": "function_call_output", "call_id": f"call_{i}", "output": f"result {i}"}
+        {
+            "type": "function_call_output",
+            "call_id": f"call_{i}",
+            "output": "".join(f"row {i}.{n}: value {n * 7 % 13}\n" for n in range(300)),
+        }
         for i in range(6)
     ]
     upstream.push(JSONReply(OVERFLOW, status=400))
