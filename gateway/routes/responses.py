@@ -25,7 +25,7 @@ from typing import Any, Final
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
-from gateway.codecs.responses import InboundRequest, parse_request, stored_items, to_request
+from gateway.codecs.responses import InboundRequest, StoredItems, parse_request, to_request
 from gateway.context.answer import answer
 from gateway.context.call import Call, Services
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
@@ -71,7 +71,7 @@ async def compacted(
         dry_run=dry_run,
         restore_tool=False,
         history_seen=not inbound.stateful,
-        render=stored_items,
+        render=StoredItems(),
     )
     target = chat.target
     if target is not None and isinstance(target.provider, AnthropicUpstream):

@@ -9,6 +9,7 @@ requests <-> the pipeline's chat form, and what the gateway reads of its answers
 
 from gateway.codecs.responses.answers import chat_usage, error_event, response_of
 from gateway.codecs.responses.items import (
+    StoredItems,
     chat_messages,
     pairing_key,
     response_items,
@@ -18,6 +19,7 @@ from gateway.codecs.responses.request import InboundRequest, from_body, parse_re
 
 __all__ = [
     "InboundRequest",
+    "StoredItems",
     "chat_messages",
     "chat_usage",
     "error_event",

@@ -49,6 +49,7 @@ __all__ = [
     "INDEX",
     "INSTRUCTIONS",
     "ITEMS",
+    "StoredItems",
     "chat_messages",
     "instructions_of",
     "pairing_key",
@@ -335,32 +336,61 @@ def _text_of(content: Any) -> str:
 
 
 def stored_items(messages: Sequence[Mapping[str, Any]]) -> bytes:
-    """A run of messages the pipeline removed, as it is stored behind a ref: the JSON of
-    the items they came from, so that a restore gives the client its own items."""
+    """A run of removed messages as their items' JSON (``StoredItems``, without its
+    memory: for a caller that renders once)."""
     return orjson.dumps(response_items(messages))
+
+
+class StoredItems:
+    """How one request's removed runs are stored behind a ref (``pipelines.ports.
+    Rendering``): the JSON of the items they came from, so that a restore gives the
+    client its own items. Compression stores a run for each cut it weighs, the same
+    messages again and again: each message's items are made once per request."""
+
+    __slots__ = ("_made",)
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[Mapping[str, Any], bytes]] = {}
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> bytes:
+        kinds: dict[str, str] | None = None
+        pieces = []
+        for message in messages:
+            found = self._made.get(id(message))
+            if found is not None and found[0] is message:
+                piece = found[1]
+            else:
+                if kinds is None:
+                    kinds = _call_kinds(messages)
+                piece = orjson.dumps(_items_of(message, kinds))[1:-1]
+                if message.get(ITEMS) is not None and message.get("role") != "tool":
+                    self._made[id(message)] = (message, piece)
+            if piece:
+                pieces.append(piece)
+        return b"[" + b",".join(pieces) + b"]"
 
 
 def response_items(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
     """The Responses ``input`` for the pipeline's chat messages: each item the pipeline
     left alone as it came, what a stage changed or added in the Responses form."""
-    out: list[Any] = []
     kinds = _call_kinds(messages)
-    for message in messages:
-        if message.get(INSTRUCTIONS) is True or message.get(EXTERNAL) is True:
-            continue
-        items = message.get(ITEMS)
-        role = message.get("role")
-        if role == "assistant":
-            out.extend(_run_back(message, items if isinstance(items, list) else []))
-        elif role == "tool":
-            made = _tool_back(message, items[0] if items else None, kinds)
-            if made is not None:
-                out.append(made)
-        elif items and not _message_like(items[0]):
-            out.append(items[0])  # pinned: as it came
-        else:
-            out.append(_message_back(message, items[0] if items else None))
-    return out
+    return [item for message in messages for item in _items_of(message, kinds)]
+
+
+def _items_of(message: Mapping[str, Any], kinds: Mapping[str, str]) -> list[Any]:
+    """One chat message's items (``kinds``: each call's item type, by its key)."""
+    if message.get(INSTRUCTIONS) is True or message.get(EXTERNAL) is True:
+        return []
+    items = message.get(ITEMS)
+    role = message.get("role")
+    if role == "assistant":
+        return _run_back(message, items if isinstance(items, list) else [])
+    if role == "tool":
+        made = _tool_back(message, items[0] if items else None, kinds)
+        return [made] if made is not None else []
+    if items and not _message_like(items[0]):
+        return [items[0]]  # pinned: as it came
+    return [_message_back(message, items[0] if items else None)]
 
 
 def _message_like(item: Any) -> bool:

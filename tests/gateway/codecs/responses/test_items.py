@@ -370,3 +370,21 @@ def test_a_compaction_item_counts_as_the_history_it_encrypts() -> None:
     )
     bare = counter.count_message({"role": "system", "content": []})
     assert counter.count_message(messages[0]) - bare == len(ENCRYPTED * 100) // 5
+
+
+async def test_a_requests_remembered_rendering_stores_what_the_plain_one_does() -> None:
+    """``StoredItems`` makes each message's items once per request; what it stores is
+    byte for byte what ``stored_items`` would."""
+    from gateway.codecs.responses.items import StoredItems, stored_items
+
+    items = tool_session(30, 3_000)
+    body = {"model": "gpt-5", "messages": chat_messages(items, None)}
+    policy = Policy(max_input=12_000, mode="truncate")
+    remembered, plain = MemoryStore(), MemoryStore()
+    one = await Pipeline(store=remembered).compact(body, policy=policy, render=StoredItems())
+    two = await Pipeline(store=plain).compact(body, policy=policy, render=stored_items)
+    assert one.request == two.request
+    refs = _refs(one.request["messages"])
+    assert refs
+    for ref in refs:
+        assert await remembered.get("", ref) == await plain.get("", ref)
