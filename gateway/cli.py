@@ -89,6 +89,8 @@ def _serve(args: argparse.Namespace) -> int:
         http="auto",
         proxy_headers=False,
         server_header=False,
+        # A WebSocket message (a Responses response.create) may be as large as a body.
+        ws_max_size=settings.max_body_bytes,
     )
     gateway = app.state.gateway
     server = DrainingServer(config, gateway.draining, settings.shutdown_grace, gateway.shedder)

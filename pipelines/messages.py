@@ -98,7 +98,7 @@ def _reasoning_text(part: dict[str, Any]) -> str:
     texts = [
         piece["text"]
         for key in ("summary", "content")
-        for piece in part.get(key) or ()
+        for piece in (part[key] if isinstance(part.get(key), list) else ())
         if isinstance(piece, dict) and isinstance(piece.get("text"), str)
     ]
     return "\n".join(texts)

@@ -39,7 +39,9 @@ class GatewayServer:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         served = wrap(self.app) if wrap is not None else self.app
-        config = uvicorn.Config(served, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            served, log_level="warning", lifespan="on", ws_max_size=settings.max_body_bytes
+        )
         gateway = self.app.state.gateway
         self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
         self._thread = threading.Thread(

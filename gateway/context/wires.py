@@ -106,12 +106,13 @@ class ResponsesWire:
         self,
         upstream: ChatUpstream,
         request: Callable[[Mapping[str, Any]], dict[str, Any]],
-        raw: bytes | None = None,
+        raw: tuple[Mapping[str, Any], bytes] | None = None,
     ) -> None:
         self.upstream = upstream
         self.request = request
         self._raw = raw
-        """The body as received, sent as it is when the pipeline changed nothing."""
+        """The pipeline's request that changed nothing, and the body as received: sent as
+        it is for that request (not for another attempt's, compacted again)."""
 
     async def send(
         self,
@@ -121,8 +122,8 @@ class ResponsesWire:
         encoded: bytes | None = None,
         extra: list[dict[str, Any]] | None = None,
     ) -> httpx.Response:
-        if self._raw is not None and not extra:
-            content = self._raw
+        if self._raw is not None and not extra and outgoing is self._raw[0]:
+            content = self._raw[1]
         else:
             request = self.request(outgoing)
             if extra:

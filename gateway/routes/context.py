@@ -31,7 +31,7 @@ async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     if "input" in body and "messages" not in body:
         inbound = from_body(body)
         chat = await compacted(gateway, call, inbound, dry_run=True)
-        sent = to_request(chat.result.request, inbound.native)
+        sent = to_request(chat.result.request, inbound.native, inbound.messages)
     else:
         chat = await compact(gateway, call, parse_chat_request(raw), raw=raw, dry_run=True)
         sent = chat.result.request

@@ -90,12 +90,13 @@ def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> R
     target = chat.target
     assert target is not None
     assert not isinstance(target.provider, AnthropicUpstream)
-    unchanged = raw if not chat.result.changed else None
-    return ResponsesWire(target.provider, partial(_request, inbound.native), unchanged)
+    result = chat.result
+    unchanged = (result.request, raw) if raw is not None and not result.changed else None
+    return ResponsesWire(target.provider, partial(_request, inbound), unchanged)
 
 
-def _request(native: Mapping[str, Any], outgoing: Mapping[str, Any]) -> dict[str, Any]:
-    return to_request(outgoing, native)
+def _request(inbound: InboundRequest, outgoing: Mapping[str, Any]) -> dict[str, Any]:
+    return to_request(outgoing, inbound.native, inbound.messages)
 
 
 _SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')

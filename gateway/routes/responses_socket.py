@@ -70,6 +70,7 @@ from gateway.errors import (
     GatewayError,
     PayloadTooLarge,
     ShuttingDown,
+    UpstreamTimeout,
     UpstreamUnreachable,
 )
 from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
@@ -114,7 +115,12 @@ async def responses_socket(socket: WebSocket[Any, Any, Any]) -> None:
         body = orjson.dumps({"error": _detail(error)})
         await _deny(socket, error.status, body, [(b"content-type", b"application/json")])
         return
-    await socket.accept(headers=_handshake_headers(upstream))
+    try:
+        await socket.accept(headers=_handshake_headers(upstream))
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await upstream.close()
+        raise
     access = socket.scope.get("state", {}).get(ACCESS_LOG)
     connection = _Connection(gateway, socket, headers, caller, access, upstream)
     with gateway.draining.socket() as cancel:
@@ -228,6 +234,11 @@ class _Response:
     compaction), when the response can be continued on this connection."""
     output: list[Any] = field(default_factory=list)
     """The output items streamed so far (``response.output_item.done``)."""
+    sent: bool = False
+    """Whether it went up (until then no event can be its own)."""
+    begun: bool = False
+    """Whether the upstream began it (``response.created``): an ``error`` event after that
+    is not its end."""
 
 
 class _Connection:
@@ -253,6 +264,8 @@ class _Connection:
         """Each recent response's whole history (input and output), by its id: what a
         ``previous_response_id`` on this connection continues."""
         self.closed = False
+        self.heard = time.monotonic()
+        """When the upstream last sent anything (or a response went up)."""
         self._group: anyio.abc.TaskGroup | None = None
 
     async def serve(self) -> None:
@@ -261,6 +274,7 @@ class _Connection:
                 self._group = group
                 group.start_soon(self._until_drained)
                 group.start_soon(self._from_upstream, self.upstream)
+                group.start_soon(self._until_silent)
                 await self._from_client()
                 group.cancel_scope.cancel()
         finally:
@@ -278,19 +292,39 @@ class _Connection:
         assert self._group is not None
         self._group.cancel_scope.cancel()
 
+    async def _until_silent(self) -> None:
+        """End the connection when the upstream has said nothing for ``read_timeout``
+        while a response waits: an ``error`` event (504) and a close with 1011."""
+        timeout = self.gateway.settings.upstream.read_timeout
+        while True:
+            await anyio.sleep(min(1.0, timeout / 4))
+            waiting = any(response.sent for response in self.pending)
+            if waiting and time.monotonic() - self.heard > timeout:
+                error = UpstreamTimeout(
+                    f"The upstream sent nothing for {timeout:g} s.", code="upstream_timeout"
+                )
+                with anyio.CancelScope(shield=True):
+                    await self._refuse(error, None)
+                    for response in list(self.pending):
+                        await self._finish(response, error.status, None)
+                    await self._close_client(_INTERNAL, "upstream timeout")
+                assert self._group is not None
+                self._group.cancel_scope.cancel()
+                return
+
     # -- the client's side -------------------------------------------------------------
 
     async def _from_client(self) -> None:
         limit = self.gateway.settings.max_body_bytes
         while True:
-            try:
-                text = await self.socket.receive_text()
-            except WebSocketDisconnect:
+            event = await self.socket.receive()
+            if event["type"] != "websocket.receive":
                 self.closed = True
                 return
-            if self.gateway.draining.started:
-                await self.shut(ShuttingDown("The gateway is shutting down; connect again."))
-                return
+            found = event.get("text")
+            if found is None:  # a binary frame: its UTF-8 text
+                found = (event.get("bytes") or b"").decode("utf-8", "replace")
+            text: str = found
             if len(text) > limit:
                 await self._refuse(
                     PayloadTooLarge(f"The message is larger than {limit:,} bytes."), None
@@ -300,16 +334,37 @@ class _Connection:
                 message = orjson.loads(text)
             except orjson.JSONDecodeError:
                 message = None
-            if isinstance(message, dict) and message.get("type") == "response.create":
-                await self._create(message, text)
-            else:
-                await self.upstream.send(text)
+            create = isinstance(message, dict) and message.get("type") == "response.create"
+            if create and self.gateway.draining.started:
+                # No new response; the one in flight (if any) ends first, then the close.
+                await self._refuse(ShuttingDown("The gateway is shutting down."), None)
+                if self.idle.is_set():
+                    await self.shut(ShuttingDown("The gateway is shutting down."), told=False)
+                    return
+                continue
+            try:
+                if create:
+                    assert isinstance(message, dict)
+                    await self._create(message, text)
+                else:
+                    await self.upstream.send(text)
+            except ConnectionClosed:
+                # The upstream is closing: its close is the client's.
+                upstream = self.upstream
+                await self._close_client(
+                    upstream.close_code or _INTERNAL, upstream.close_reason or ""
+                )
+                return
 
     async def _create(self, message: dict[str, Any], text: str) -> None:
         """A ``response.create``: admitted, compacted, sent up."""
         record = RequestRecord(new_request_id())
         record.caller = self.caller
         response = _Response(record, None, perf_counter(), time.time(), None, False)
+        # Pending from the start: whatever ends the connection meanwhile gives its slots
+        # back (``serve``).
+        self.pending.append(response)
+        self.idle.clear()
         try:
             await self._admit(response)
             asked = {key: value for key, value in message.items() if key != "type"}
@@ -323,18 +378,20 @@ class _Connection:
             chat = response.chat = await compacted(self.gateway, call, inbound)
             record.report, record.attempts = chat.result.report, 1
             if chat.result.changed or rebuilt:
-                sent = to_request(chat.result.request, inbound.native)
+                sent = to_request(chat.result.request, inbound.native, inbound.messages)
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()
-            self.pending.append(response)
-            self.idle.clear()
+            response.sent = True
+            self.heard = time.monotonic()
             await self.upstream.send(text)
         except GatewayError as refused:
-            if response in self.pending:
-                self.pending.remove(response)
-                if not self.pending:
-                    self.idle.set()
             await self._refuse(refused, response)
+        except ConnectionClosed:
+            await self._finish(response, 502, None)
+            raise
+        except Exception:
+            log.exception("a response.create failed", extra={"request_id": record.request_id})
+            await self._refuse(GatewayError("The gateway failed this request."), response)
 
     def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with the whole history when it continues a response of this
@@ -346,6 +403,8 @@ class _Connection:
         history = self.histories.get(previous) if isinstance(previous, str) else None
         if history is None or body.get("conversation") is not None:
             return body
+        if body.get("store") is False and not all(_replayable(item) for item in history):
+            return body  # reasoning sent back by id only, which store=false did not keep
         whole = {key: value for key, value in body.items() if key != "previous_response_id"}
         whole["input"] = [*history, *_input_items(body.get("input"))]
         return whole
@@ -394,8 +453,8 @@ class _Connection:
         if self.closed:
             return
         self.closed = True
-        with contextlib.suppress(RuntimeError, OSError):
-            await self.socket.close(code=code, reason=reason)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketException, WebSocketDisconnect):
+            await self.socket.close(code=_sendable(code), reason=reason[:120])
 
     # -- the upstream's side -----------------------------------------------------------
 
@@ -403,9 +462,10 @@ class _Connection:
         """Every server event to the client, in order; the upstream's close relayed."""
         try:
             async for message in upstream:
+                self.heard = time.monotonic()
                 text = message if isinstance(message, str) else message.decode("utf-8", "replace")
                 await self._to_client(text)
-                if self.pending:
+                if self.pending and self.pending[0].sent:
                     await self._ended(text)
         except ConnectionClosed:
             pass
@@ -413,32 +473,40 @@ class _Connection:
         reason = upstream.close_reason or ""
         for response in list(self.pending):
             await self._finish(response, 502, None)
-        await self._close_client(1000 if code == 1005 else code, reason)
+        await self._close_client(code, reason)
         assert self._group is not None
         self._group.cancel_scope.cancel()
 
     async def _ended(self, text: str) -> None:
         """The oldest response's end, when ``text`` is its last event (its output items
         noted on the way)."""
-        head = text[:200]
-        if '"response.output_item.done"' in head and self.pending[0].history is not None:
+        head, response = text[:200], self.pending[0]
+        if '"response.created"' in head:
+            response.begun = True
+            return
+        noted = '"response.output_item.done"' in head and response.history is not None
+        if not noted and not any(f'"{kind}"' in head for kind in _ENDS):
+            return
+        try:
             event = orjson.loads(text)
-            item = event.get("item") if isinstance(event, dict) else None
+        except orjson.JSONDecodeError:
+            return  # not an event: relayed, read no further
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "response.output_item.done" and response.history is not None:
+            item = event.get("item")
             if isinstance(item, dict):
-                self.pending[0].output.append(item)
+                response.output.append(item)
             return
-        if not any(f'"{kind}"' in head for kind in _ENDS):
+        if kind not in _ENDS or (kind == "error" and response.begun):
             return
-        event = orjson.loads(text)
-        kind = event.get("type") if isinstance(event, dict) else None
-        if kind not in _ENDS:
-            return
-        response = self.pending[0]
         found = response_of(text.encode())
         usage = chat_usage(found.get("usage")) if found is not None else None
         answer_id = found.get("id") if found is not None else None
         if kind == "error":
-            status = event.get("status") if isinstance(event.get("status"), int) else 502
+            found_status = event.get("status")
+            status = found_status if isinstance(found_status, int) else 502
             error = orjson.dumps({"error": event.get("error")})
             await self._finish(response, status, None, error_body=error)
             return
@@ -470,7 +538,18 @@ class _Connection:
         error_body: bytes | None = None,
     ) -> None:
         """A response over: its slots given back, its usage in the conversation's record,
-        its metrics and its log line."""
+        its metrics and its log line (shielded: a close meanwhile must not strand them)."""
+        with anyio.CancelScope(shield=True):
+            await self._finished(response, status, usage, answer_id, error_body)
+
+    async def _finished(
+        self,
+        response: _Response,
+        status: int,
+        usage: dict[str, Any] | None,
+        answer_id: Any,
+        error_body: bytes | None,
+    ) -> None:
         if response in self.pending:
             self.pending.remove(response)
         if not self.pending:
@@ -490,6 +569,24 @@ class _Connection:
         if self.access is not None:
             exchange = Exchange("WS", ROUTE, ROUTE, status, INVALID_SPAN_CONTEXT, error_body)
             self.access.record(record, exchange, perf_counter() - response.started)
+
+
+def _sendable(code: int) -> int:
+    """A close code that may be sent in a close frame: 1005 (none given) as 1000, 1006
+    and 1015 (no frame, TLS) and anything out of range as 1011."""
+    if code == 1005:
+        return 1000
+    if code in (1006, 1015) or not (1000 <= code <= 4999) or 1016 <= code < 3000:
+        return _INTERNAL
+    return code
+
+
+def _replayable(item: Any) -> bool:
+    """Whether an item of a kept history may go up again stateless: a reasoning item only
+    with its ``encrypted_content`` (by id alone it is found only where it was stored)."""
+    if isinstance(item, dict) and item.get("type") == "reasoning":
+        return isinstance(item.get("encrypted_content"), str)
+    return True
 
 
 def _input_items(value: Any) -> list[Any]:

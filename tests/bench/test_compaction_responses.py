@@ -228,8 +228,10 @@ async def test_the_replay_fails_when_the_codec_breaks_a_rule(
     """``to_request`` made to break one rule on every request the pipeline changed: the
     replay reports it."""
 
-    def broken(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
-        return mutation(response_items(messages))
+    def broken(
+        messages: Sequence[Mapping[str, Any]], parsed: Sequence[Mapping[str, Any]] = ()
+    ) -> list[Any]:
+        return mutation(response_items(messages, parsed))
 
     monkeypatch.setattr(responses_request, "response_items", broken)
     outcome = await replayed(single_sessions(TRAJECTORIES[:12]), 4_000)

@@ -370,11 +370,33 @@ class StoredItems:
         return b"[" + b",".join(pieces) + b"]"
 
 
-def response_items(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
+def response_items(
+    messages: Sequence[Mapping[str, Any]], parsed: Sequence[Mapping[str, Any]] = ()
+) -> list[Any]:
     """The Responses ``input`` for the pipeline's chat messages: each item the pipeline
-    left alone as it came, what a stage changed or added in the Responses form."""
-    kinds = _call_kinds(messages)
-    return [item for message in messages for item in _items_of(message, kinds)]
+    left alone as it came, what a stage changed or added in the Responses form.
+    ``parsed``: the messages ``chat_messages`` made of the request; one the pipeline
+    passed on as it was (the same object: stages never edit a message in place) gives
+    its items at once."""
+    originals = {id(message): message for message in parsed}
+    kinds: dict[str, str] | None = None
+    out: list[Any] = []
+    for message in messages:
+        if originals.get(id(message)) is message:
+            out.extend(_verbatim(message))
+            continue
+        if kinds is None:
+            kinds = _call_kinds(messages)
+        out.extend(_items_of(message, kinds))
+    return out
+
+
+def _verbatim(message: Mapping[str, Any]) -> list[Any]:
+    """The items of a message as ``chat_messages`` made it."""
+    if message.get(INSTRUCTIONS) is True or message.get(EXTERNAL) is True:
+        return []
+    items = message.get(ITEMS)
+    return items if isinstance(items, list) else []
 
 
 def _items_of(message: Mapping[str, Any], kinds: Mapping[str, str]) -> list[Any]:

@@ -19,7 +19,7 @@ they continue, so it manages them (hygiene, offload) and does not compact.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -51,6 +51,12 @@ class InboundRequest:
         return isinstance(items, list) and any(
             isinstance(item, dict) and item.get("type") == "item_reference" for item in items
         )
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The chat messages parsing made (for ``to_request``)."""
+        found: list[dict[str, Any]] = self.chat["messages"]
+        return found
 
     @property
     def stream(self) -> bool:
@@ -128,12 +134,17 @@ def _check_message(index: int, item: Mapping[str, Any]) -> None:
                 )
 
 
-def to_request(outgoing: Mapping[str, Any], native: Mapping[str, Any]) -> dict[str, Any]:
+def to_request(
+    outgoing: Mapping[str, Any],
+    native: Mapping[str, Any],
+    parsed: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     """The Responses request for the pipeline's chat request ``outgoing``, made from the
-    client's ``native`` request."""
+    client's ``native`` request (``parsed``: the messages parsing made, whose untouched
+    ones give their items at once: ``InboundRequest.messages``)."""
     request = dict(native)
     messages = outgoing.get("messages") or []
-    items = response_items(messages)
+    items = response_items(messages, parsed)
     sent = native.get("input")
     if items != _items_as_sent(sent):
         request["input"] = items

@@ -254,3 +254,45 @@ async def test_a_response_continued_on_the_connection_goes_up_whole_and_is_compa
     assert len(whole["input"][3]["output"]) < len(BIG_LOG) // 10  # offloaded
     assert stored["previous_response_id"] == "resp_stored"
     assert stored["input"] == "Hi"
+
+
+async def test_a_failure_inside_the_gateway_is_an_error_event_and_frees_the_callers_slot(
+    upstream: MockUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of the gateway's own while it prepares a response (injected here into the
+    compaction) is an ``error`` event, as over HTTP a 500 is: the connection stays, and the
+    caller's concurrency slot taken for that response is given back."""
+    from gateway.config import LimitSettings
+    from gateway.routes import responses_socket
+
+    tenant = TenantSettings(
+        "solo",
+        (hash_key("cg-solo"),),
+        upstream_api_key="sk-solo-upstream",
+        limits=LimitSettings(concurrency=1),
+    )
+    real = responses_socket.compacted
+    failures = iter([RuntimeError("a bug")])
+
+    async def faulty(*args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(responses_socket, "compacted", faulty)
+    upstream.push(answer("after the fault"), answer("on a new connection"))
+    with GatewayServer(settings_for(upstream, tenants=(tenant,))) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="cg-solo")
+        async with client, client.responses.connect() as connection:
+            await connection.response.create(model="gpt-4o", input="Hi")
+            failed = await until_done(connection)
+            await connection.response.create(model="gpt-4o", input="Hi")
+            after = await until_done(connection)
+        async with client.responses.connect() as again:
+            await again.response.create(model="gpt-4o", input="Hi")
+            fresh = await until_done(again)
+    assert failed[-1].type == "error"
+    assert failed[-1].status == 500
+    assert after[-1].response.output_text == "after the fault"
+    assert fresh[-1].response.output_text == "on a new connection"
