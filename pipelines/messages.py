@@ -13,6 +13,7 @@ from typing import Any, Final, Literal
 import orjson
 
 __all__ = [
+    "CARRIED",
     "MEDIA_PART_TYPES",
     "SYSTEM_TURN",
     "Message",
@@ -25,6 +26,11 @@ __all__ = [
 Message = dict[str, Any]
 """One chat message: ``role``, ``content`` (a string, a list of parts, or null) and the
 optional ``name``, ``tool_calls``, ``tool_call_id``, ``reasoning_content`` fields."""
+
+CARRIED: Final = "carried"
+"""The key under which a host carries data of its own with a message (the gateway's
+Responses codec: the items the message came from). Stages copy it along with the message
+and never read it; the token counter neither counts it nor keys its cache on it."""
 
 SYSTEM_TURN: Final = "system_turn"
 """The key (``true``) of a system message that is a turn of the history rather than part

@@ -27,7 +27,7 @@ import orjson
 import tiktoken
 
 from pipelines.cache_break import fingerprint_bytes
-from pipelines.messages import Message, iter_parts
+from pipelines.messages import CARRIED, Message, iter_parts
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -228,12 +228,16 @@ class TokenCounter:
         of its JSON. Cheaper than a cryptographic digest by several times on a long
         history, and enough for a per-process cache, where a collision could only misstate
         one message's count. A message with tool calls goes straight to its JSON: finding
-        out by the TypeError would double its cost."""
-        if type(value) is dict and "tool_calls" not in value:
-            try:
-                return hash(tuple(value.items()))
-            except TypeError:
-                pass
+        out by the TypeError would double its cost. What a host carries with a message
+        (``CARRIED``) is no part of what it costs: left out."""
+        if type(value) is dict:
+            if CARRIED in value:
+                value = {k: v for k, v in value.items() if k != CARRIED}
+            if "tool_calls" not in value:
+                try:
+                    return hash(tuple(value.items()))
+                except TypeError:
+                    pass
         return hash(orjson.dumps(value))
 
     def estimate(self, message: Message) -> int:

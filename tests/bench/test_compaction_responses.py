@@ -39,6 +39,7 @@ from bench.responses_sessions import (
     unrestorable,
 )
 from gateway.codecs.responses import chat_messages, response_items, stored_items
+from gateway.codecs.responses.items import ITEMS
 from gateway.store import MemoryStore
 from pipelines import Pipeline, Policy, TokenCounter
 from tests.gateway.codecs.responses.samples import ITEM, checked
@@ -192,7 +193,7 @@ def _drop_an_output(items: Items) -> Items:
 
 
 def _leak_the_codec_keys(items: Items) -> Items:
-    return [{**items[0], "response_items": [items[0]]}, *items[1:]]
+    return [{**items[0], ITEMS: [items[0]]}, *items[1:]]
 
 
 def _pad(items: Items) -> Items:
@@ -217,7 +218,7 @@ class _Mover:
         (_drop_a_reasoning, "sent without its reasoning"),
         (_edit_reasoning, "edited or invented"),
         (_drop_an_output, "never answered"),
-        (_leak_the_codec_keys, "codec key response_items sent"),
+        (_leak_the_codec_keys, f"codec key {ITEMS} sent"),
         (_pad, "over the budget"),
         (_Mover(), "the prefix moved"),
     ],

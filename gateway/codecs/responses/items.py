@@ -42,7 +42,7 @@ from typing import Any, Final
 
 import orjson
 
-from pipelines.messages import SYSTEM_TURN
+from pipelines.messages import CARRIED, SYSTEM_TURN
 
 __all__ = [
     "EXTERNAL",
@@ -57,8 +57,9 @@ __all__ = [
     "stored_items",
 ]
 
-ITEMS: Final = "response_items"
-"""The key of a chat message holding the items it came from, as they came."""
+ITEMS: Final = CARRIED
+"""The key of a chat message holding the items it came from, as they came (the
+pipeline's key for what a host carries: never read, counted or keyed on)."""
 INDEX: Final = "response_item"
 """The key of a content part or tool call holding the index of its item in ``ITEMS``."""
 INSTRUCTIONS: Final = "response_instructions"
@@ -126,12 +127,21 @@ def pairing_key(item: Mapping[str, Any]) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def _in_run(item: Mapping[str, Any]) -> bool:
-    """Whether ``item`` is one the model writes (part of an assistant message)."""
-    kind = item_type(item)
-    if kind == "message":
-        return item.get("role") == "assistant"
-    return kind in _HOSTED or is_call(item)
+def _place(item: Mapping[str, Any]) -> str:
+    """Where an item goes in the chat form, its type read once: ``run`` (one the model
+    writes: an assistant message, reasoning, a call, a hosted call), ``output``,
+    ``message`` (a user, system or developer message), ``pinned``, or ``other`` (an
+    unknown type without a call id)."""
+    kind = item.get("type")
+    if not isinstance(kind, str) or kind == "message":
+        return "run" if item.get("role") == "assistant" else "message"
+    if kind in _HOSTED or kind == _MCP_REQUEST:
+        return "run"
+    if kind.endswith("_output") or kind == _MCP_RESPONSE:
+        return "output"
+    if kind in _PINNED:
+        return "pinned"
+    return "run" if isinstance(item.get("call_id"), str) else "other"
 
 
 def chat_messages(
@@ -146,28 +156,31 @@ def chat_messages(
     began = False
     calls: set[str] = set()
     for item in items:
-        kind = item_type(item)
-        pending = kind in _PINNED and any(True for _ in _keys(run))
-        if _in_run(item) or pending or (run and kind not in _PINNED and not _stands_alone(item)):
-            # A pinned item between calls and their outputs stays in the run, so that
-            # the outputs still follow their calls.
+        place = _place(item)
+        if (
+            place == "run"
+            or (place == "other" and run)
+            or (place == "pinned" and any(True for _ in _keys(run)))
+        ):
+            # An unknown item inside a run stays there; so does a pinned one between
+            # calls and their outputs, so that the outputs still follow their calls.
             run.append(item)
             continue
         if run:
             messages.append(_assistant(run))
             calls.update(_keys(run))
             run = []
-        if is_output(item):
+        if place == "output":
             key = pairing_key(item)
             if key is not None and key not in calls:
                 messages.append(_external(key))
                 calls.add(key)
             messages.append(_tool(item, key))
-        elif kind == "message":
+        elif place == "message":
             messages.append(_message(item, turn=began))
         else:
             messages.append(_pinned(item))
-        began = began or not (kind == "message" and item.get("role") in ("system", "developer"))
+        began = began or not (place == "message" and item.get("role") in ("system", "developer"))
     if run:
         messages.append(_assistant(run))
     opening = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
@@ -177,10 +190,6 @@ def chat_messages(
         # none the client did not send.
         messages.insert(opening, dict(_EXTERNAL_OPENING))
     return messages
-
-
-def _stands_alone(item: Mapping[str, Any]) -> bool:
-    return item_type(item) == "message" or is_output(item)
 
 
 def _keys(run: Iterable[Mapping[str, Any]]) -> Iterable[str]:

@@ -22,6 +22,7 @@ import pytest
 from openai.types.responses import CompactedResponse, ResponseErrorEvent, ResponseStreamEvent
 
 from gateway.codecs.responses import chat_messages
+from gateway.codecs.responses.items import ITEMS
 from gateway.config import Settings, TenantSettings, UpstreamSettings
 from gateway.tenancy.tenants import hash_key
 from pipelines import TokenCounter
@@ -532,7 +533,7 @@ def test_a_long_session_is_compacted_to_its_budget_with_its_pairs_and_reasoning_
     # whose output the filter did not offload first is there whole.
     restored_items = restored.json()
     assert all(isinstance(item, dict) and item.get("role") != "tool" for item in restored_items)
-    assert not any("response_items" in item or "tool_calls" in item for item in restored_items)
+    assert not any(ITEMS in item or "tool_calls" in item for item in restored_items)
     for item in removed:
         key = item.get("encrypted_content") or item.get("call_id")
         assert key is not None
