@@ -1347,3 +1347,22 @@ def test_a_responses_request_is_counted_and_logged(
     }
     assert second["upstream_tokens"]["input"] == 300
     assert first["tokens_before"] == first["tokens_after"] > 0
+
+
+def test_an_overflow_retry_sends_the_compacted_request_when_the_first_pass_changed_nothing(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """With the client's own ``prompt_cache_key`` (as Codex sends it) and nothing over the
+    budget, the first attempt goes up as the client sent it; the overflow's retry is the
+    compacted request, not those bytes again."""
+    items = agent_session(30, "raw-overflow")
+    upstream.push(JSONReply(OVERFLOW, status=400), JSONReply(response_body(MODEL)))
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input=items, prompt_cache_key="codex-session-1"
+    )
+    assert raw.parse().output_text == "Hello from the mock."
+    assert raw.headers["x-contextgate-attempts"] == "2"
+    first, second = upstream.received
+    assert first.json()["input"] == items
+    assert len(second.json()["input"]) < len(items)
+    assert second.json()["prompt_cache_key"] == "codex-session-1"
