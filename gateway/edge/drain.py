@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ __all__ = ["Drain", "Draining", "DrainingServer"]
 
 log = logging.getLogger("contextgate.drain")
 
+_SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')
 _BACKSTOP: Final = 5.0
 """Seconds uvicorn waits past the grace period before cancelling what is left itself."""
 
@@ -147,7 +149,7 @@ class Drain:
         if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
-        response = _Progress(send)
+        response = _Progress(send, numbered=scope["path"] == "/v1/responses")
         with self.draining.request() as cancel:
             await self.app(scope, receive, response.send)
         if not cancel.cancelled_caught or response.finished:
@@ -163,28 +165,32 @@ class Drain:
         if not response.started:
             await send_error(scope, send, error, record.request_id if record else None)
         elif response.event_stream:
-            event = _error_event(scope["path"], error)
+            event = _error_event(scope["path"], error, response.last_number + 1)
             await send({"type": "http.response.body", "body": event, "more_body": False})
         # Any other response already begun is cut: the server closes its connection.
 
 
-def _error_event(path: str, error: ShuttingDown) -> bytes:
-    """The terminal error event of a stream on the route at ``path``."""
+def _error_event(path: str, error: ShuttingDown, number: int) -> bytes:
+    """The terminal error event of a stream on the route at ``path`` (``number``: a
+    Responses stream's next sequence number)."""
     if path.startswith(ANTHROPIC_ROUTES):
         return anthropic_error_event(error)
     if path == "/v1/responses":
-        return responses_error_event(error)
+        return responses_error_event(error, number)
     return openai_error_event(error)
 
 
 class _Progress:
     """How far a response has gone out."""
 
-    __slots__ = ("_send", "event_stream", "finished", "started")
+    __slots__ = ("_numbered", "_send", "event_stream", "finished", "last_number", "started")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, *, numbered: bool = False) -> None:
         self._send = send
+        self._numbered = numbered
         self.started = self.finished = self.event_stream = False
+        self.last_number = -1
+        """A Responses stream's last ``sequence_number`` sent (when ``numbered``)."""
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -193,8 +199,13 @@ class _Progress:
                 name.lower() == b"content-type" and value.startswith(b"text/event-stream")
                 for name, value in message.get("headers", ())
             )
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.finished = True
+        elif message["type"] == "http.response.body":
+            if not message.get("more_body", False):
+                self.finished = True
+            if self._numbered:
+                numbers = _SEQUENCE.findall(message.get("body", b""))
+                if numbers:
+                    self.last_number = int(numbers[-1])
         await self._send(message)
 
 

@@ -19,6 +19,7 @@ import openai
 import orjson
 import pytest
 
+from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
 from tests.mock_upstream import (
     JSONReply,
@@ -313,3 +314,44 @@ async def test_sigterm_lets_websocket_responses_finish_then_closes_with_going_aw
     assert busy_closed.value.rcvd is not None
     assert busy_closed.value.rcvd.code == 1001
     assert served.process.returncode == 0
+
+
+def test_a_responses_stream_the_deadline_ends_gets_an_error_numbered_after_its_events(
+    upstream: MockUpstream,
+) -> None:
+    """A ``/v1/responses`` stream cut at the drain's deadline ends with an ``error`` event
+    whose ``sequence_number`` follows the last event's (the SDK orders events by it)."""
+    from tests.gateway.routes.test_responses_socket_faults import LoopCatcher
+    from tests.mock_upstream import message_item, response_body, response_events, sse_of_events
+
+    events = response_events(response_body("gpt-4o", [message_item("a long answer " * 5)]))
+    upstream.push(SSEReply(sse_of_events(events), pauses={4: 30.0}))  # stalls after 5 events
+    caught: list[LoopCatcher] = []
+
+    def wrap(app: Any) -> LoopCatcher:
+        caught.append(LoopCatcher(app))
+        return caught[0]
+
+    lines: list[str] = []
+    with GatewayServer(settings_for(upstream), wrap=wrap) as server:
+        draining = server.app.state.gateway.draining
+
+        def read() -> None:
+            body = {"model": "gpt-4o", "input": "Hi", "stream": True}
+            with httpx.stream(
+                "POST", f"{server.base_url}/responses", json=body, timeout=10
+            ) as response:
+                lines.extend(response.iter_lines())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_until(lambda: len(lines) >= 10, 5, "the first events")
+        loop = caught[0].loop
+        assert loop is not None
+        loop.call_soon_threadsafe(draining.begin, 0.3)
+        reader.join(10)
+        draining.started = draining.expired = False
+    data = [orjson.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert data[-1]["type"] == "error"
+    assert data[-1]["code"] == "gateway_shutting_down"
+    assert data[-1]["sequence_number"] == data[-2]["sequence_number"] + 1
