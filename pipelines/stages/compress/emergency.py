@@ -111,12 +111,16 @@ async def _shrunk_arguments(message: Message, ctx: StageContext, *, lossy: bool)
 
 def _shrunk_call_arguments(arguments: str) -> tuple[str | None, bool]:
     """One call's ``arguments`` made smaller, naming ``_PENDING_REF`` where they were cut
-    (``None`` when they are short, not JSON, or no smaller), and whether their structure
-    was cut."""
+    (``None`` when they are short or no smaller), and whether their structure was cut.
+    Arguments that are not JSON (a custom tool's free-form input, as Codex's
+    ``apply_patch`` sends) are cut as the text they are, head and tail kept."""
+    if len(arguments) <= ARGUMENT_CHARS:
+        return None, False
     try:
-        value = orjson.loads(arguments) if len(arguments) > ARGUMENT_CHARS else None
+        value = orjson.loads(arguments)
     except orjson.JSONDecodeError:
-        value = None
+        text = _cut_strings(arguments, _PENDING_REF)
+        return (text if isinstance(text, str) and len(text) < len(arguments) else None), False
     if value is None:
         return None, False
     structural = False

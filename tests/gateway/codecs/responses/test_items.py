@@ -385,3 +385,35 @@ async def test_a_requests_remembered_rendering_stores_what_the_plain_one_does() 
     two = await Pipeline(store=store).compact(body, policy=policy, render=stored_items)
     assert _refs(one.request["messages"])
     assert one.request == two.request
+
+
+async def test_a_huge_free_form_tool_input_is_shortened_when_nothing_else_fits() -> None:
+    """Codex's ``apply_patch`` is a custom tool whose input is free text, not JSON: when a
+    request fits only with it shortened, the emergency cuts it as text (head and tail
+    kept, the whole stored under a ref) and the item goes up with the shorter input."""
+    patch = (
+        "*** Begin Patch\n"
+        + "".join(f"+line {i}: value {i * 7919 % 10007}\n" for i in range(3000))
+        + "*** End Patch"
+    )
+    items = checked(
+        [
+            {"role": "user", "content": "Apply the change."},
+            {"type": "custom_tool_call", "call_id": "c_1", "name": "apply_patch", "input": patch},
+            {"type": "custom_tool_call_output", "call_id": "c_1", "output": "Done!"},
+            {"role": "user", "content": "Thanks."},
+        ]
+    )
+    store = MemoryStore()
+    body = {"model": "gpt-5", "messages": chat_messages(items, None)}
+    result = await Pipeline(store=store).compact(body, policy=Policy(max_input=8_000))
+    assert result.report.tokens_after <= 8_000
+    back = response_items(result.request["messages"])
+    call = back[1]
+    assert call["type"] == "custom_tool_call"
+    assert call["input"].startswith("*** Begin Patch")
+    assert len(call["input"]) < len(patch) // 10
+    (ref,) = _refs(call["input"])
+    stored = await store.get("", ref)
+    assert stored is not None
+    assert patch in orjson.loads(stored)[0]["function"]["arguments"]
