@@ -144,7 +144,7 @@ async def compact(
         )
     if restore_tool:
         result, tooled, content = await _compact_with_restore_tool(
-            services, raw, body, policy, state, namespace, conversation, summaries
+            services, raw, body, policy, state, namespace, conversation, summaries, render
         )
     else:
         result = await _compact(
@@ -260,6 +260,7 @@ async def _compact_with_restore_tool(
     namespace: str,
     conversation: str,
     summaries: Summaries | None,
+    render: Rendering | None = None,
 ) -> tuple[CompactResult, dict[str, Any] | None, bytes | None]:
     """The compacted request; ``body`` with the restore tool when the request carries it;
     and the result as OpenAI chat JSON when it was encoded (to look for refs in it).
@@ -279,11 +280,13 @@ async def _compact_with_restore_tool(
         tooled = with_restore_tool(body)
         if tooled is not None:
             result = await _fitted(
-                services, tooled, policy, state, namespace, conversation, summaries
+                services, tooled, policy, state, namespace, conversation, summaries, render
             )
             if result is not None:
                 return result, tooled, None
-    result = await _compact(services, body, policy, state, namespace, conversation, summaries)
+    result = await _compact(
+        services, body, policy, state, namespace, conversation, summaries, render
+    )
     if offered:
         return result, None, None
     content = raw if raw is not None and not result.changed else orjson.dumps(result.request)
@@ -291,7 +294,9 @@ async def _compact_with_restore_tool(
     if added is None:
         return result, None, content
     with _tracer.start_as_current_span("contextgate.restore_tool"):
-        again = await _fitted(services, added, policy, state, namespace, conversation, summaries)
+        again = await _fitted(
+            services, added, policy, state, namespace, conversation, summaries, render
+        )
     if again is None:
         return result, None, content
     return again, added, None
@@ -305,10 +310,13 @@ async def _fitted(
     namespace: str,
     conversation: str,
     summaries: Summaries | None,
+    render: Rendering | None = None,
 ) -> CompactResult | None:
     """``_compact``, or ``None`` when the request cannot be made to fit its budget."""
     try:
-        return await _compact(services, body, policy, state, namespace, conversation, summaries)
+        return await _compact(
+            services, body, policy, state, namespace, conversation, summaries, render
+        )
     except RequestRejectedError as exc:
         if exc.code == "context_length_exceeded":
             return None

@@ -23,6 +23,7 @@ from gateway.codecs.responses import chat_usage, error_event, response_of
 from gateway.context import restore
 from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.context.restore import messages as restore_messages
+from gateway.context.restore import responses as restore_responses
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream, json_answer
@@ -97,8 +98,8 @@ class ChatWire:
 class ResponsesWire:
     """The OpenAI Responses API on the wire, to an OpenAI-compatible upstream: ``request``
     makes the Responses request for the pipeline's chat request (``to_request`` with the
-    client's own fields); the answer is relayed as it came. No restore loop: the
-    Responses route does not offer the restore tool (see ``docs/DECISIONS.md``)."""
+    client's own fields); the answer is relayed as it came, with the restore calls of a
+    conversation that has the tool answered in place (``restore.responses``)."""
 
     __slots__ = ("_raw", "request", "upstream")
 
@@ -132,12 +133,12 @@ class ResponsesWire:
         return await self.upstream.send("POST", "responses", headers=headers, content=content)
 
     async def complete(self, body: bytes, restorer: Restorer, resend: Resend) -> bytes:
-        return body
+        return await restore_responses.complete(body, restorer, resend)
 
     def stream(
         self, first: bytes, events: AsyncIterator[bytes], restorer: Restorer, resend: ResendStream
     ) -> AsyncIterator[bytes]:
-        return restore.chain(first, events)
+        return restore_responses.stream(first, events, restorer, resend)
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
         response = response_of(body)

@@ -59,17 +59,24 @@ async def responses(request: Request[Any, Any, Any]) -> ASGIResponse:
 
 
 async def compacted(
-    services: Services, call: Call, inbound: InboundRequest, *, dry_run: bool = False
+    services: Services,
+    call: Call,
+    inbound: InboundRequest,
+    *,
+    dry_run: bool = False,
+    restore_tool: bool = True,
 ) -> ChatRequest:
     """``inbound`` through the pipeline: in full when the request carries its whole
-    history, kept to hygiene when it continues one the upstream keeps."""
+    history, kept to hygiene when it continues one the upstream keeps; with the restore
+    tool where the conversation has it, unless ``restore_tool`` is off (a wire with no
+    restore loop: the WebSocket's)."""
     refuse_upstream_choice(inbound.native)
     chat = await compact(
         services,
         call,
         inbound.chat,
         dry_run=dry_run,
-        restore_tool=False,
+        restore_tool=restore_tool and not inbound.stateful,
         history_seen=not inbound.stateful,
         render=StoredItems(),
     )
@@ -86,12 +93,13 @@ async def compacted(
 
 def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> ResponsesWire:
     """The Responses wire for ``chat``: ``raw`` sent as it came when the pipeline changed
-    nothing."""
+    nothing and the gateway added no tool."""
     target = chat.target
     assert target is not None
     assert not isinstance(target.provider, AnthropicUpstream)
     result = chat.result
-    unchanged = (result.request, raw) if raw is not None and not result.changed else None
+    as_sent = not result.changed and not chat.restore_tool
+    unchanged = (result.request, raw) if raw is not None and as_sent else None
     return ResponsesWire(target.provider, partial(_request, inbound), unchanged)
 
 

@@ -375,7 +375,7 @@ class _Connection:
                 response.history = _input_items(body.get("input"))
             record.read(inbound.chat)
             call = Call(self.headers, self.caller, record, _never, response.started)
-            chat = response.chat = await compacted(self.gateway, call, inbound)
+            chat = response.chat = await compacted(self.gateway, call, inbound, restore_tool=False)
             record.report, record.attempts = chat.result.report, 1
             if chat.result.changed or rebuilt:
                 sent = to_request(chat.result.request, inbound.native, inbound.messages)

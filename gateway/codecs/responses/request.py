@@ -151,11 +151,25 @@ def to_request(
     instructions = instructions_of(messages)
     if instructions is not None:
         request["instructions"] = instructions
-    for field in ("model", "tools", "prompt_cache_key"):
+    for field in ("model", "prompt_cache_key"):
         value = outgoing.get(field)
         if value is not None and value != native.get(field):
             request[field] = value
+    tools = outgoing.get("tools")
+    if isinstance(tools, list) and tools != native.get("tools"):
+        request["tools"] = [_responses_tool(tool) for tool in tools]
     return request
+
+
+def _responses_tool(tool: Any) -> Any:
+    """A tool the pipeline added in the chat form (the gateway's restore tool) in the
+    Responses form: its function's fields at the top level. A client's tool as it is."""
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    if not isinstance(tool, Mapping) or tool.get("type") != "function" or function is None:
+        return tool
+    if not isinstance(function, Mapping):
+        return tool
+    return {"type": "function", "strict": False, **function}
 
 
 def _items_as_sent(sent: Any) -> Any:

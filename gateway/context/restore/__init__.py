@@ -20,8 +20,10 @@ a line boundary and the answer says which lines came and how to ask for the next
 
 The package: ``tool`` (the tool, and which requests get it), ``restorer`` (answering the
 calls from the store, in ranged reads), ``rounds`` (what every loop shares: the round
-limit, resending, usage totals), ``chat`` and ``messages`` (the loop on OpenAI chat
-completions and on the Anthropic Messages API, whole answers and streams).
+limit, resending, usage totals), ``chat``, ``messages`` and ``responses`` (the loop on
+OpenAI chat completions, the Anthropic Messages API and the OpenAI Responses API, whole
+answers and streams). On the Responses API's WebSocket the tool is not offered (no
+restore loop there).
 """
 
 from __future__ import annotations

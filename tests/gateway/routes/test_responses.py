@@ -257,7 +257,10 @@ def test_tools_media_and_reasoning_reach_the_upstream_as_sent(
         assert orjson.dumps(secret) in via.body
     for item in kinds(items, "reasoning"):
         assert orjson.dumps(item) in via.body  # each reasoning item as the client wrote it
-    assert body["tools"] == TOOLS
+    # The client's tools, then the gateway's restore tool in the Responses form.
+    assert body["tools"][:-1] == TOOLS
+    assert body["tools"][-1]["name"] == "context_restore"
+    assert body["tools"][-1]["type"] == "function"
     assert {k: body[k] for k in ("store", "include", "reasoning", "parallel_tool_calls")} == {
         "store": store,
         "include": ["reasoning.encrypted_content"],
@@ -265,15 +268,17 @@ def test_tools_media_and_reasoning_reach_the_upstream_as_sent(
         "parallel_tool_calls": False,
     }
     assert body["client_metadata"] == {"session": "s-42"}
+    direct_body = direct_sent.json()
+    body["tools"] = body["tools"][:-1]
     if cache_key is not None:
-        assert via.body == direct_sent.body
+        assert body == direct_body  # but for the restore tool, as the client sent it
         assert body["prompt_cache_key"] == cache_key
         assert actions(raw.headers) == []
     else:
         added = body.pop("prompt_cache_key")
         assert isinstance(added, str)
         assert added
-        assert body == direct_sent.json()
+        assert body == direct_body
         assert actions(raw.headers) == ["cache_markers"]
 
 
@@ -1186,9 +1191,11 @@ def test_the_dry_run_takes_a_responses_body_and_sends_nothing(
     payload = response.json()
     assert set(payload) == {"request", "report", "policy"}
     request = payload["request"]
-    assert {k: v for k, v in request.items() if k != "input"} == {
+    assert {k: v for k, v in request.items() if k not in ("input", "tools")} == {
         k: v for k, v in body.items() if k != "input"
     }
+    # It names a ref now: the gateway's restore tool goes with it, in the Responses form.
+    assert [tool["name"] for tool in request["tools"]] == ["context_restore"]
     sent, items = request["input"], body["input"]
     assert [sent[i] for i in (0, 1, 2, 4)] == [items[i] for i in (0, 1, 2, 4)]
     (ref,) = set(REF.findall(sent[3]["output"]))
@@ -1366,3 +1373,134 @@ def test_an_overflow_retry_sends_the_compacted_request_when_the_first_pass_chang
     assert first.json()["input"] == items
     assert len(second.json()["input"]) < len(items)
     assert second.json()["prompt_cache_key"] == "codex-session-1"
+
+
+# -- the restore tool -------------------------------------------------------------------------
+
+
+class Restoring:
+    """A model that, while the request names a ref it has not restored, asks for it with
+    ``context_restore`` (after a reasoning item), then answers with what it read."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def __call__(self, received: Any) -> Reply | None:
+        if received.path != "/v1/responses":
+            return None
+        body = received.json()
+        self.requests.append(body)
+        restored = [i for i in body["input"] if i.get("type") == "function_call_output"]
+        refs = REF.findall(orjson.dumps(body["input"]).decode())
+        asked = any(i.get("call_id") == "call_restore" for i in restored)
+        if refs and not asked:
+            output = [
+                reasoning_item("rs_restore", encrypted_content="gAAAA-why-restore"),
+                function_call_item(
+                    "context_restore", {"ref": refs[0]}, call_id="call_restore", id="fc_r"
+                ),
+            ]
+            usage = response_usage(input_tokens=5_000, output_tokens=20)
+        else:
+            got = next(i["output"] for i in restored if i["call_id"] == "call_restore")
+            first_line = BIG_LOG.splitlines()[0]
+            said = f"The log begins: {first_line}" if first_line in got else "Nothing came back."
+            output = [message_item(said, id="msg_final")]
+            usage = response_usage(input_tokens=9_000, output_tokens=30)
+        response = response_body(MODEL, output, id=f"resp_{len(self.requests)}", usage=usage)
+        if body.get("stream"):
+            return SSEReply(sse_of_events(response_events(response)))
+        return JSONReply(response)
+
+
+def restore_request(tag: str) -> dict[str, Any]:
+    call, output = OFFLOADABLE["function_call_output"]
+    tool = {"type": "function", "name": "export_logs", "parameters": {"type": "object"}}
+    items = tool_round(call, output)
+    items[0] = {"role": "user", "content": f"Why did the build fail? ({tag})"}
+    return {"model": MODEL, "input": items, "tools": [tool]}
+
+
+def test_the_model_restores_within_one_answer(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """The gateway offers ``context_restore`` (in the Responses form) and answers the
+    model's call itself: the client gets one response, the model's final answer, under
+    the first response's id, with every round's usage; the round went up with the
+    reasoning and the call the model made and the restored text as the call's output."""
+    model = upstream.handler = Restoring()
+    raw = client.responses.with_raw_response.create(**restore_request("buffered"))
+    response = raw.parse()
+    assert response.output_text == f"The log begins: {BIG_LOG.splitlines()[0]}"
+    assert [item.type for item in response.output] == ["message"]
+    assert response.id == "resp_1"
+    assert response.usage is not None
+    assert response.usage.input_tokens == 14_000
+    assert "rounds=1" in raw.headers["x-contextgate-restore"]
+    first, second = model.requests
+    assert first["tools"][-1]["name"] == "context_restore"
+    assert first["tools"][-1]["parameters"]["required"] == ["ref"]
+    assert second["input"][: len(first["input"])] == first["input"]
+    round_items = second["input"][len(first["input"]) :]
+    assert [item["type"] for item in round_items] == [
+        "reasoning",
+        "function_call",
+        "function_call_output",
+    ]
+    assert round_items[2]["call_id"] == "call_restore"
+    assert BIG_LOG.splitlines()[0] in round_items[2]["output"]
+
+
+def test_the_model_restores_within_one_stream(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """Streamed, the restore round is spliced into the one response the client reads: one
+    ``response.created``, every event numbered on from the last, no event of the restore
+    call, output indexes following the items shown, and one ``response.completed`` with
+    the first response's id, every item shown and every round's usage."""
+    model = upstream.handler = Restoring()
+    request = {**restore_request("streamed"), "stream": True}
+    with client.responses.with_streaming_response.create(**request) as raw:
+        events = [STREAM_EVENT.validate_python(e.model_dump()) for e in raw.parse()]
+    assert len(model.requests) == 2
+    kinds = [event.type for event in events]
+    assert kinds.count("response.created") == 1
+    assert kinds[-1] == "response.completed"
+    numbers = [event.sequence_number for event in events]
+    assert numbers == list(range(len(events)))
+    assert "context_restore" not in orjson.dumps([e.model_dump() for e in events]).decode()
+    shown = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [item.type for item in shown] == ["reasoning", "message"]
+    indexes = [e.output_index for e in events if e.type == "response.output_item.added"]
+    assert indexes == [0, 1]
+    completed = events[-1].response
+    assert completed.id == events[0].response.id == "resp_1"
+    assert [item.id for item in completed.output] == [item.id for item in shown]
+    assert completed.output_text == f"The log begins: {BIG_LOG.splitlines()[0]}"
+    assert completed.usage is not None
+    assert completed.usage.input_tokens == 14_000
+
+
+def test_a_restore_call_beside_the_clients_own_call_is_dropped(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """When the model calls the client's tool and ``context_restore`` together, the client
+    gets its own call (the round is its to answer) and never sees the restore call."""
+
+    def both(received: Any) -> Reply | None:
+        body = received.json()
+        (ref,) = set(REF.findall(orjson.dumps(body["input"]).decode()))
+        output = [
+            function_call_item("context_restore", {"ref": ref}, call_id="c_r", id="fc_r"),
+            function_call_item("export_logs", {"since": "now"}, call_id="c_own", id="fc_own"),
+        ]
+        return JSONReply(response_body(MODEL, output, id="resp_both"))
+
+    upstream.handler = both
+    raw = client.responses.with_raw_response.create(**restore_request("mixed"))
+    response = raw.parse()
+    assert [(item.type, getattr(item, "name", None)) for item in response.output] == [
+        ("function_call", "export_logs")
+    ]
+    assert "mixed=1" in raw.headers["x-contextgate-restore"]
+    assert len(upstream.received) == 1
