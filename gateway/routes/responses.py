@@ -76,7 +76,9 @@ async def compacted(
         call,
         inbound.chat,
         dry_run=dry_run,
-        restore_tool=restore_tool and not inbound.stateful,
+        # The restore tool only where no response is stored: a stored id would name a
+        # restore round the client never saw (gateway.context.restore.responses).
+        restore_tool=restore_tool and not inbound.stateful and inbound.native.get("store") is False,
         history_seen=not inbound.stateful,
         render=StoredItems(),
     )

@@ -12,9 +12,14 @@ appended, so that the model sees what it asked for; the client's next request do
 carry them (a stateless client resends what it was shown), as on the chat route. On a
 stream the second round's events are spliced into the first's: its ``response.created``
 and ``response.in_progress`` are not shown, every event is numbered on from the last one
-relayed (``sequence_number``), every output index follows the items shown before it, and
-the one ``response.completed`` names the first response's id, carries every item shown
-and the usage of every round added up.
+relayed (``sequence_number``), every output index follows the items shown before it, the
+reasoning before a restore call is never shown (it is held until the item after it says
+whose it is: a client resending a reasoning item without its follower is refused), and
+the one ``response.completed`` carries the first response's id (the SDK holds a stream to
+one id), every item shown and the usage of every round added up. Buffered, the client gets
+the last round's body with every round's usage. The tool is offered on ``store: false``
+requests only (``gateway.routes.responses``): with the upstream storing responses, the id
+the client is given would name a round it never saw.
 """
 
 from __future__ import annotations
@@ -116,7 +121,6 @@ async def complete(body: bytes, restorer: Restorer, resend: Resend) -> bytes:
     stats = restorer.stats
     extra: list[dict[str, Any]] = []
     usage: dict[str, Any] | None = None
-    first_id: Any = None
     while True:
         try:
             response = orjson.loads(body)
@@ -124,27 +128,30 @@ async def complete(body: bytes, restorer: Restorer, resend: Resend) -> bytes:
             return body
         if not isinstance(response, dict) or not isinstance(response.get("output"), list):
             return body
-        first_id = first_id or response.get("id")
         usage = add_usage(usage, response.get("usage"))
         output: list[Any] = response["output"]
         restores = [item for item in output if _is_restore(item)]
         if not restores:
             break
         others = any(_is_call(item) for item in output)
+        if response.get("status") != "completed" or any(
+            item.get("status", "completed") != "completed" for item in restores
+        ):
+            response["output"] = [item for item in output if not _is_restore(item)]
+            break  # cut off (max_output_tokens): its calls are not whole, nothing to answer
         if others or stats.rounds >= MAX_ROUNDS:
             stats.mixed += others
             stats.exhausted = stats.exhausted or not others
             shown = [item for item in output if not _is_restore(item)]
-            response["output"] = shown if others or shown else [_exhausted()]
+            said = others or any(_said(item) for item in shown)
+            response["output"] = shown if said else [*shown, _exhausted()]
             break
         stats.rounds += 1
-        extra.extend(output)
+        extra.extend(_resendable(output))
         extra.extend(await _answers(restorer, restores))
         body = await resend(list(extra))
     if usage is not None:
         response["usage"] = usage
-    if first_id is not None:
-        response["id"] = first_id
     return orjson.dumps(response)
 
 
@@ -182,9 +189,10 @@ async def stream(
 ) -> AsyncIterator[bytes]:
     """A stream with its restore calls answered in place: the events of the model's
     output relayed as they come, each numbered and indexed as the client's one response;
-    a restore call's events held; when the round ends with restore calls only, they are
-    answered, the next round is streamed on, and so on; the last round's end is the
-    client's, with every item it was shown and every round's usage."""
+    a restore call's events held, and those of the reasoning before it (a reasoning item
+    is held until the item after it shows whose it is); when the round ends with restore
+    calls only, they are answered, the next round is streamed on, and so on; the last
+    round's end is the client's, with every item it was shown and every round's usage."""
     stats = restorer.stats
     splice = _Splice()
     extra: list[dict[str, Any]] = []
@@ -193,6 +201,7 @@ async def stream(
     try:
         while True:
             held: set[int] = set()
+            reasoning: list[dict[str, Any]] = []  # events of reasoning not yet shown
             restores: list[dict[str, Any]] = []
             round_items: list[Any] = []
             others = False
@@ -211,48 +220,107 @@ async def stream(
                     if not extra:  # the first round's: the client's response begins
                         yield splice.event(data)
                     continue
-                if kind == "response.output_item.added" and _is_restore(data.get("item")):
-                    held.add(index if isinstance(index, int) else -1)
-                    continue
+                if kind == "response.output_item.added":
+                    item = data.get("item")
+                    if _is_restore(item):
+                        held.add(index if isinstance(index, int) else -1)
+                        # Reasons for a call never shown: sent back up, never shown.
+                        round_items.extend(
+                            hidden.get("item")
+                            for hidden in reasoning
+                            if hidden.get("type") == "response.output_item.done"
+                        )
+                        reasoning = []
+                        continue
+                    if not (isinstance(item, dict) and item.get("type") == "reasoning"):
+                        for shown in _released(reasoning, splice, round_items):
+                            yield shown
+                        reasoning = []
                 if isinstance(index, int) and index in held:
                     if kind == "response.output_item.done" and isinstance(data.get("item"), dict):
                         restores.append(data["item"])
                         round_items.append(data["item"])
+                    continue
+                if kind in _ENDS:
+                    ended = data
+                    break
+                if reasoning or _is_reasoning_event(data):
+                    reasoning.append(data)
                     continue
                 if kind == "response.output_item.done":
                     item = data.get("item")
                     round_items.append(item)
                     splice.shown.append(item)
                     others = others or _is_call(item)
-                if kind in _ENDS:
-                    ended = data
-                    break
                 yield splice.event(data)
             if ended is None:
                 return  # the stream ended without its last event: as the upstream left it
+            for shown in _released(reasoning, splice, round_items):
+                yield shown
             response = ended.get("response")
             response = response if isinstance(response, dict) else {}
             usage = add_usage(usage, response.get("usage"))
             complete_round = ended.get("type") == "response.completed"
             if restores and not others and complete_round and stats.rounds < MAX_ROUNDS:
                 stats.rounds += 1
-                extra.extend(round_items)
+                extra.extend(_resendable(round_items))
                 extra.extend(await _answers(restorer, restores))
                 await close(current)
                 first_event, rest = await resend(list(extra))
                 current = chain(first_event, rest)
                 splice.next_round()
                 continue
-            if restores:
+            if restores and complete_round:
                 stats.mixed += others
                 stats.exhausted = stats.exhausted or not others
-                if not others and not splice.shown:
+                if not others and not any(_said(item) for item in splice.shown):
                     for event in _shown_exhausted(splice):
                         yield event
             yield splice.event(_ending(ended, response, splice, usage))
             return
     finally:
         await close(current)
+
+
+def _is_reasoning_event(data: Mapping[str, Any]) -> bool:
+    """Whether a stream event opens a reasoning item (its events are held from there)."""
+    item = data.get("item")
+    return (
+        data.get("type") == "response.output_item.added"
+        and isinstance(item, dict)
+        and item.get("type") == "reasoning"
+    )
+
+
+def _released(held: list[dict[str, Any]], splice: _Splice, round_items: list[Any]) -> list[bytes]:
+    """Held reasoning events, now known to reason for something shown: the client's."""
+    out = []
+    for data in held:
+        if data.get("type") == "response.output_item.done":
+            round_items.append(data.get("item"))
+            splice.shown.append(data.get("item"))
+        out.append(splice.event(data))
+    return out
+
+
+def _said(item: Any) -> bool:
+    """Whether a shown item says something to the client: a message, or a call."""
+    return isinstance(item, dict) and (item.get("type") == "message" or _is_call(item))
+
+
+def _resendable(items: list[Any]) -> list[Any]:
+    """A round's output items to send back up: all of them but reasoning without its
+    ``encrypted_content``, which the upstream could find only by an id it did not store
+    (the tool is offered on ``store: false`` requests only)."""
+    return [
+        item
+        for item in items
+        if not (
+            isinstance(item, dict)
+            and item.get("type") == "reasoning"
+            and not isinstance(item.get("encrypted_content"), str)
+        )
+    ]
 
 
 def _shown_exhausted(splice: _Splice) -> list[bytes]:
@@ -272,8 +340,8 @@ def _ending(
     splice: _Splice,
     usage: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The last round's end as the client's: the first response's id, every item shown,
-    every round's usage."""
+    """The last round's end as the client's: the id its ``response.created`` gave (the SDK
+    holds a stream to one id), every item shown, every round's usage."""
     whole = {**response, "output": list(splice.shown)}
     if splice.response_id is not None:
         whole["id"] = splice.response_id

@@ -257,10 +257,12 @@ def test_tools_media_and_reasoning_reach_the_upstream_as_sent(
         assert orjson.dumps(secret) in via.body
     for item in kinds(items, "reasoning"):
         assert orjson.dumps(item) in via.body  # each reasoning item as the client wrote it
-    # The client's tools, then the gateway's restore tool in the Responses form.
-    assert body["tools"][:-1] == TOOLS
-    assert body["tools"][-1]["name"] == "context_restore"
-    assert body["tools"][-1]["type"] == "function"
+    if store:  # the upstream keeps responses: no restore tool (an id would name a round)
+        assert body["tools"] == TOOLS
+    else:  # the client's tools, then the gateway's restore tool in the Responses form
+        assert body["tools"][:-1] == TOOLS
+        assert body["tools"][-1]["name"] == "context_restore"
+        assert body["tools"][-1]["type"] == "function"
     assert {k: body[k] for k in ("store", "include", "reasoning", "parallel_tool_calls")} == {
         "store": store,
         "include": ["reasoning.encrypted_content"],
@@ -269,9 +271,11 @@ def test_tools_media_and_reasoning_reach_the_upstream_as_sent(
     }
     assert body["client_metadata"] == {"session": "s-42"}
     direct_body = direct_sent.json()
-    body["tools"] = body["tools"][:-1]
+    body["tools"] = TOOLS
     if cache_key is not None:
         assert body == direct_body  # but for the restore tool, as the client sent it
+        if store:
+            assert via.body == direct_sent.body  # byte for byte
         assert body["prompt_cache_key"] == cache_key
         assert actions(raw.headers) == []
     else:
@@ -1418,7 +1422,7 @@ def restore_request(tag: str) -> dict[str, Any]:
     tool = {"type": "function", "name": "export_logs", "parameters": {"type": "object"}}
     items = tool_round(call, output)
     items[0] = {"role": "user", "content": f"Why did the build fail? ({tag})"}
-    return {"model": MODEL, "input": items, "tools": [tool]}
+    return {"model": MODEL, "input": items, "tools": [tool], "store": False}
 
 
 def test_the_model_restores_within_one_answer(
@@ -1426,14 +1430,14 @@ def test_the_model_restores_within_one_answer(
 ) -> None:
     """The gateway offers ``context_restore`` (in the Responses form) and answers the
     model's call itself: the client gets one response, the model's final answer, under
-    the first response's id, with every round's usage; the round went up with the
+    the last round's id, with every round's usage; the round went up with the
     reasoning and the call the model made and the restored text as the call's output."""
     model = upstream.handler = Restoring()
     raw = client.responses.with_raw_response.create(**restore_request("buffered"))
     response = raw.parse()
     assert response.output_text == f"The log begins: {BIG_LOG.splitlines()[0]}"
     assert [item.type for item in response.output] == ["message"]
-    assert response.id == "resp_1"
+    assert response.id == "resp_2"  # the response the upstream keeps with the whole context
     assert response.usage is not None
     assert response.usage.input_tokens == 14_000
     assert "rounds=1" in raw.headers["x-contextgate-restore"]
@@ -1456,8 +1460,9 @@ def test_the_model_restores_within_one_stream(
 ) -> None:
     """Streamed, the restore round is spliced into the one response the client reads: one
     ``response.created``, every event numbered on from the last, no event of the restore
-    call, output indexes following the items shown, and one ``response.completed`` with
-    the first response's id, every item shown and every round's usage."""
+    call nor of the reasoning before it, output indexes following the items shown, and one
+    ``response.completed`` with the last round's id, every item shown and every round's
+    usage."""
     model = upstream.handler = Restoring()
     request = {**restore_request("streamed"), "stream": True}
     with client.responses.with_streaming_response.create(**request) as raw:
@@ -1470,11 +1475,15 @@ def test_the_model_restores_within_one_stream(
     assert numbers == list(range(len(events)))
     assert "context_restore" not in orjson.dumps([e.model_dump() for e in events]).decode()
     shown = [event.item for event in events if event.type == "response.output_item.done"]
-    assert [item.type for item in shown] == ["reasoning", "message"]
+    # The reasoning before the restore call is never shown: a client resending it without
+    # the call it reasoned for would be refused.
+    assert [item.type for item in shown] == ["message"]
+    assert "rs_restore" not in orjson.dumps([e.model_dump() for e in events]).decode()
     indexes = [e.output_index for e in events if e.type == "response.output_item.added"]
-    assert indexes == [0, 1]
+    assert indexes == [0]
     completed = events[-1].response
-    assert completed.id == events[0].response.id == "resp_1"
+    assert events[0].response.id == "resp_1"
+    assert completed.id == "resp_1"  # the SDK holds a stream to the id it began with
     assert [item.id for item in completed.output] == [item.id for item in shown]
     assert completed.output_text == f"The log begins: {BIG_LOG.splitlines()[0]}"
     assert completed.usage is not None
@@ -1504,3 +1513,104 @@ def test_a_restore_call_beside_the_clients_own_call_is_dropped(
     ]
     assert "mixed=1" in raw.headers["x-contextgate-restore"]
     assert len(upstream.received) == 1
+
+
+class Scripted:
+    """A model whose round ``n`` answers ``rounds[n](ref)`` (the last one from then on):
+    an output, and optionally a status."""
+
+    def __init__(self, rounds: list[Any]) -> None:
+        self.rounds = rounds
+        self.requests: list[dict[str, Any]] = []
+
+    def __call__(self, received: Any) -> Reply | None:
+        if received.path != "/v1/responses":
+            return None
+        body = received.json()
+        self.requests.append(body)
+        (ref, *_) = REF.findall(orjson.dumps(body["input"]).decode()) or ["ctx_none"]
+        number = len(self.requests)
+        spec = self.rounds[min(number, len(self.rounds)) - 1](ref)
+        response = response_body(
+            MODEL, spec["output"], id=f"resp_{number}", status=spec.get("status", "completed")
+        )
+        if body.get("stream"):
+            return SSEReply(sse_of_events(response_events(response)))
+        return JSONReply(response)
+
+
+def restoring(ref: str, number: int = 0) -> dict[str, Any]:
+    return function_call_item(
+        "context_restore", {"ref": ref}, call_id=f"call_r{number}", id=f"fc_r{number}"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_that_only_ever_restores_is_said_to_have_run_out(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI, stream: bool
+) -> None:
+    """After the last round the model still reasons and asks to restore: the client gets a
+    message saying so, not an answer with nothing in it."""
+    upstream.handler = model = Scripted(
+        [
+            lambda ref: {
+                "output": [
+                    reasoning_item("rs_again", encrypted_content="gAAAA-again"),
+                    restoring(ref),
+                ]
+            }
+        ]
+    )
+    request = restore_request(f"exhausted-{stream}")
+    if stream:
+        with client.responses.stream(**request) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**request)
+    assert "more times than allowed" in response.output_text
+    assert len(model.requests) == 4  # the first answer and three rounds
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_round_cut_off_is_not_answered_nor_called_exhausted(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI, stream: bool
+) -> None:
+    """A round cut off (``incomplete``, at ``max_output_tokens``) with a restore call in it
+    is the client's as it ended: its call is not whole, so it is neither answered nor sent
+    on, and no round limit is said to be reached."""
+    upstream.handler = model = Scripted(
+        [
+            lambda ref: {
+                "output": [message_item("Partial"), {**restoring(ref), "status": "incomplete"}],
+                "status": "incomplete",
+            }
+        ]
+    )
+    request = restore_request(f"cut-{stream}")
+    if stream:
+        with client.responses.with_streaming_response.create(**request, stream=True) as raw:
+            events = list(raw.parse())
+        final = events[-1]
+        assert final.type == "response.incomplete"
+        text = final.response.output_text
+    else:
+        text = client.responses.create(**request).output_text
+    assert text == "Partial"
+    assert len(model.requests) == 1
+
+
+def test_a_round_goes_up_without_reasoning_the_upstream_could_only_find_by_id(
+    gateway: GatewayServer, upstream: MockUpstream, client: openai.OpenAI
+) -> None:
+    """``store: false`` and no encrypted reasoning asked for: the round's reasoning item
+    has only an id, which the upstream did not keep; the round goes up without it."""
+    upstream.handler = model = Scripted(
+        [
+            lambda ref: {"output": [reasoning_item("rs_bare"), restoring(ref)]},
+            lambda ref: {"output": [message_item("Done.")]},
+        ]
+    )
+    assert client.responses.create(**restore_request("bare")).output_text == "Done."
+    second = model.requests[1]["input"]
+    assert [item.get("type") for item in second[-2:]] == ["function_call", "function_call_output"]
+    assert not any(item.get("id") == "rs_bare" for item in second)
