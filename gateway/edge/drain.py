@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from gateway.errors import ShuttingDown
 from gateway.http.responses import (
     ANTHROPIC_ROUTES,
     anthropic_error_event,
+    last_sequence_number,
     openai_error_event,
     responses_error_event,
     send_error,
@@ -47,7 +47,6 @@ __all__ = ["Drain", "Draining", "DrainingServer"]
 
 log = logging.getLogger("contextgate.drain")
 
-_SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')
 _BACKSTOP: Final = 5.0
 """Seconds uvicorn waits past the grace period before cancelling what is left itself."""
 
@@ -203,9 +202,9 @@ class _Progress:
             if not message.get("more_body", False):
                 self.finished = True
             if self._numbered:
-                numbers = _SEQUENCE.findall(message.get("body", b""))
-                if numbers:
-                    self.last_number = int(numbers[-1])
+                number = last_sequence_number(message.get("body", b""))
+                if number is not None:
+                    self.last_number = number
         await self._send(message)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from time import monotonic
 from typing import Any, Final
@@ -43,6 +44,7 @@ __all__ = [
     "error_response",
     "first_event",
     "is_event_stream",
+    "last_sequence_number",
     "openai_error_event",
     "responses_error_event",
     "send_error",
@@ -154,6 +156,15 @@ ErrorEvent = Callable[[GatewayError], bytes]
 def openai_error_event(error: GatewayError) -> bytes:
     """The terminal event of an OpenAI stream that failed (the SDK raises on it)."""
     return error_event(error.message, type=error.type, code=error.code)
+
+
+_SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')
+
+
+def last_sequence_number(data: bytes) -> int | None:
+    """The last ``sequence_number`` a chunk of a Responses stream carries, if any."""
+    found = _SEQUENCE.findall(data)
+    return int(found[-1]) if found else None
 
 
 def responses_error_event(error: GatewayError, sequence_number: int = 0) -> bytes:

@@ -17,10 +17,9 @@ delete) are relayed (``gateway.routes.passthrough``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
@@ -32,7 +31,7 @@ from gateway.context.compaction import ChatRequest, compact, refuse_upstream_cho
 from gateway.context.exchange import Buffered
 from gateway.context.wires import ResponsesWire
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.http.responses import responses_error_event
+from gateway.http.responses import last_sequence_number, responses_error_event
 from gateway.http.sse import close
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.routes.answers import respond
@@ -109,9 +108,6 @@ def _request(inbound: InboundRequest, outgoing: Mapping[str, Any]) -> dict[str, 
     return to_request(outgoing, inbound.native, inbound.messages)
 
 
-_SEQUENCE: Final = re.compile(rb'"sequence_number":\s*(\d+)')
-
-
 class _Numbered:
     """A Responses stream's events relayed as they are, the last ``sequence_number``
     noted, so that an error event ending the stream is numbered after it."""
@@ -124,9 +120,9 @@ class _Numbered:
         self._note(first)
 
     def _note(self, event: bytes) -> None:
-        found = _SEQUENCE.search(event)
+        found = last_sequence_number(event)
         if found is not None:
-            self.last = int(found.group(1))
+            self.last = found
 
     def __aiter__(self) -> _Numbered:
         return self

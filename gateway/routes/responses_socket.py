@@ -60,7 +60,13 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from gateway.codecs.responses import chat_usage, from_body, response_of, to_request
+from gateway.codecs.responses import (
+    chat_usage,
+    from_body,
+    input_items,
+    response_of,
+    to_request,
+)
 from gateway.context.cache_breaks import note_cache_break
 from gateway.context.call import Call
 from gateway.context.compaction import ChatRequest
@@ -72,6 +78,7 @@ from gateway.errors import (
     ShuttingDown,
     UpstreamTimeout,
     UpstreamUnreachable,
+    envelope_of,
 )
 from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
 from gateway.routes.responses import compacted
@@ -112,7 +119,7 @@ async def responses_socket(socket: WebSocket[Any, Any, Any]) -> None:
         await _deny(socket, refused.status, refused.body, refused.headers)
         return
     except GatewayError as error:
-        body = orjson.dumps({"error": _detail(error)})
+        body = envelope_of(error)
         await _deny(socket, error.status, body, [(b"content-type", b"application/json")])
         return
     try:
@@ -372,7 +379,7 @@ class _Connection:
             rebuilt = body is not asked
             inbound = from_body(body)
             if not inbound.stateful:
-                response.history = _input_items(body.get("input"))
+                response.history = input_items(body.get("input"))
             record.read(inbound.chat)
             call = Call(self.headers, self.caller, record, _never, response.started)
             chat = response.chat = await compacted(self.gateway, call, inbound, restore_tool=False)
@@ -406,7 +413,7 @@ class _Connection:
         if body.get("store") is False and not all(_replayable(item) for item in history):
             return body  # reasoning sent back by id only, which store=false did not keep
         whole = {key: value for key, value in body.items() if key != "previous_response_id"}
-        whole["input"] = [*history, *_input_items(body.get("input"))]
+        whole["input"] = [*history, *input_items(body.get("input"))]
         return whole
 
     async def _admit(self, response: _Response) -> None:
@@ -428,8 +435,7 @@ class _Connection:
         event = {"type": "error", "status": error.status, "error": detail}
         await self._to_client(orjson.dumps(event).decode())
         if response is not None:
-            body = orjson.dumps({"error": detail})
-            await self._finish(response, error.status, None, error_body=body)
+            await self._finish(response, error.status, None, error_body=envelope_of(error))
 
     async def shut(self, error: GatewayError, *, told: bool = True) -> None:
         """Close with 1001 (going away) and ``error``'s message as the reason; ``told``:
@@ -587,13 +593,6 @@ def _replayable(item: Any) -> bool:
     if isinstance(item, dict) and item.get("type") == "reasoning":
         return isinstance(item.get("encrypted_content"), str)
     return True
-
-
-def _input_items(value: Any) -> list[Any]:
-    """``input`` as a list of items (a string is one user message)."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    return list(value) if isinstance(value, list) else []
 
 
 async def _never() -> HTTPDisconnectEvent:

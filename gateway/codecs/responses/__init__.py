@@ -15,7 +15,13 @@ from gateway.codecs.responses.items import (
     response_items,
     stored_items,
 )
-from gateway.codecs.responses.request import InboundRequest, from_body, parse_request, to_request
+from gateway.codecs.responses.request import (
+    InboundRequest,
+    from_body,
+    input_items,
+    parse_request,
+    to_request,
+)
 
 __all__ = [
     "InboundRequest",
@@ -24,6 +30,7 @@ __all__ = [
     "chat_usage",
     "error_event",
     "from_body",
+    "input_items",
     "pairing_key",
     "parse_request",
     "response_items",

@@ -26,7 +26,7 @@ from typing import Any, Final
 from gateway.codecs.json_body import json_object, type_error
 from gateway.codecs.responses.items import chat_messages, instructions_of, response_items
 
-__all__ = ["InboundRequest", "parse_request", "to_request"]
+__all__ = ["InboundRequest", "input_items", "parse_request", "to_request"]
 
 _STATE_FIELDS: Final = ("previous_response_id", "conversation")
 
@@ -146,7 +146,7 @@ def to_request(
     messages = outgoing.get("messages") or []
     items = response_items(messages, parsed)
     sent = native.get("input")
-    if items != _items_as_sent(sent):
+    if items != input_items(sent):
         request["input"] = items
     instructions = instructions_of(messages)
     if instructions is not None:
@@ -172,7 +172,9 @@ def _responses_tool(tool: Any) -> Any:
     return {"type": "function", "strict": False, **function}
 
 
-def _items_as_sent(sent: Any) -> Any:
-    if isinstance(sent, str):
-        return [{"role": "user", "content": sent}]
-    return sent if sent is not None else []
+def input_items(value: Any) -> list[Any]:
+    """A request's ``input`` as items, unchecked: a string is one user message, anything
+    but a list none."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else []
