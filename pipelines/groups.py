@@ -11,7 +11,8 @@ succeeded 4. A group that mentions one of the user's goal terms (an identifier w
 in it, or a path, from the first or the latest user message) is raised one level.
 
 *Protected* messages are neither removed nor summarised: system messages (but a system turn
-the model is no longer shown, ``shown_no_more``), the anchor (the first user message and
+the model is no longer shown, ``shown_no_more``), a message holding a provider's
+``compaction`` block, the anchor (the first user message and
 the group that answers it, past any system turn after it), the latest user message, and the recent
 tail (``tail-ratio`` of the budget, stretched up to 1.5 times rather than split a group, at
 least the last two messages). If the pinned user messages alone take over half the budget,
@@ -28,7 +29,15 @@ from typing import Final, NamedTuple
 from pipelines.messages import Message, is_system_turn, message_text
 from pipelines.preview import is_error
 
-__all__ = ["Group", "Protection", "goal_terms", "protect", "shown_no_more", "split_groups"]
+__all__ = [
+    "Group",
+    "Protection",
+    "goal_terms",
+    "holds_compaction",
+    "protect",
+    "shown_no_more",
+    "split_groups",
+]
 
 USER, ANSWER, CALL_OR_ERROR, OTHER_ASSISTANT, TOOL_RESULT = range(5)
 SYSTEM: Final = -1
@@ -52,6 +61,15 @@ class Protection:
     """Indices of protected messages."""
     tail_start: int
     """Index of the first message of the protected tail."""
+
+
+def holds_compaction(message: Message) -> bool:
+    """Whether ``message`` carries a provider's ``compaction`` block (the summary of what
+    precedes it, which the client sends back): pinned, never removed, edited or moved."""
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "compaction" for part in content
+    )
 
 
 def goal_terms(messages: Sequence[Message]) -> frozenset[str]:
@@ -110,7 +128,9 @@ def protect(
     """The protected messages of ``messages`` under a ``budget`` of tokens."""
     stale = shown_no_more(messages)
     protected = {
-        i for i, m in enumerate(messages) if m.get("role") in _SYSTEM_ROLES and i not in stale
+        i
+        for i, m in enumerate(messages)
+        if (m.get("role") in _SYSTEM_ROLES and i not in stale) or holds_compaction(m)
     }
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if users:

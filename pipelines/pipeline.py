@@ -18,6 +18,7 @@ from pipelines.catalog import ModelCatalog, ModelInfo
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.local_summaries import LocalSummaries
+from pipelines.native import NativePlan
 from pipelines.policy import Policy
 from pipelines.ports import Clock, OffloadStore, Rendering, Summaries, Summarizer
 from pipelines.report import Report
@@ -126,6 +127,7 @@ class Pipeline:
         summaries: Summaries | None = None,
         conversation: str | None = None,
         render: Rendering | None = None,
+        native: NativePlan | None = None,
     ) -> CompactResult:
         """Run every stage over ``request`` (an OpenAI chat request body).
 
@@ -138,6 +140,8 @@ class Pipeline:
         ``conversation`` is the conversation's identity (the gateway's; by default
         ``conversation_id`` of the namespace and the messages). ``render`` stores a run of
         removed messages in the client's own form (``pipelines.ports.Rendering``).
+        ``native`` is what the request's native context management asks of the pipeline
+        (``pipelines.native``); the report carries it.
         """
         started = perf_counter()
         policy = policy or Policy()
@@ -153,6 +157,7 @@ class Pipeline:
         before = await tokens.first(received, threshold=threshold, defer=self._measure_later)
         report = Report(name, budget.window, budget.output_reserve, budget.input_tokens, before)
         report.exact = tokens.exact
+        report.native = native.as_dict() if native is not None else None
         state, cold, report.cache = _warmth(info, received, state, now)
         store = store if store is not None else self.store
         summarizer = summarizer if summarizer is not None else self.summarizer
@@ -178,6 +183,7 @@ class Pipeline:
             state=state,
             cold=cold,
             conversation=conversation,
+            native=native,
             report=report,
         )
         result = await run_stages(self.stages, received, ctx, report, tokens, self.tracer)

@@ -19,6 +19,8 @@ __all__ = ["BOUNDS", "UNBOUNDED", "Mode", "Policy", "PolicyBounds"]
 
 Mode = Literal["summarize", "truncate", "off"]
 _MODES: Final = ("summarize", "truncate", "off")
+Native = Literal["off", "honour", "prefer"]
+_NATIVES: Final = ("off", "honour", "prefer")
 
 BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
     "max_input": (4_000, 10_000_000),
@@ -82,6 +84,11 @@ class Policy:
     """Seconds a summary call may take."""
     offload_ttl: int = 86_400
     """Seconds an offloaded object is kept."""
+    native: Native = "honour"
+    """Provider-native context management (``pipelines.native``): ``honour`` applies what
+    the client asks (the provider, or the gateway where the provider cannot); ``prefer``
+    also asks a provider that compacts server-side to do so instead of the gateway's own
+    summary; ``off`` ignores it."""
     cache_markers: bool = True
     """Whether the gateway adds prompt-cache breakpoints (Anthropic, Qwen) and a
     ``prompt_cache_key`` (OpenAI); ``false`` for a client that places its own. Cache
@@ -98,6 +105,10 @@ class Policy:
                 raise PolicyError(_wire(name), f"must be a number, got {value!r}")
             if not low <= value <= high:
                 raise PolicyError(_wire(name), f"must be between {low:g} and {high:g}, got {value}")
+        if self.native not in _NATIVES:
+            raise PolicyError(
+                "native", f"must be one of {', '.join(_NATIVES)}, got {self.native!r}"
+            )
         if self.target >= self.trigger:
             raise PolicyError(
                 "target", f"must be below trigger ({self.trigger}), got {self.target}"
@@ -154,6 +165,7 @@ _FIELD_TYPES: Final[Mapping[str, type]] = {
     "summary_timeout": float,
     "offload_ttl": int,
     "cache_markers": bool,
+    "native": str,
 }
 
 

@@ -40,6 +40,17 @@ class Report:
     ``expired``, ``low hit rate``, ``diverged``: the history does not continue the
     conversation's previous request)."""
     stages: list[StageReport] = field(default_factory=list)
+    native: dict[str, Any] | None = None
+    """The request's native context management and what the pipeline did about it
+    (``pipelines.native.NativePlan.as_dict``); ``None`` when it carried none."""
+
+    @property
+    def applied_edits(self) -> list[dict[str, Any]]:
+        """The native edits the gateway applied itself (a polyfill), in the API's
+        ``applied_edits`` shape."""
+        stage = self.stage("native_edits")
+        edits = stage.details.get("applied_edits") if stage is not None else None
+        return list(edits) if isinstance(edits, list) else []
 
     @property
     def actions(self) -> list[str]:
@@ -98,6 +109,11 @@ class Report:
         cause = stage.details.get("cache_break") if stage is not None else None
         return cause if isinstance(cause, str) else None
 
+    def _native(self) -> dict[str, Any] | None:
+        if self.native is None:
+            return None
+        return {**self.native, "applied_edits": self.applied_edits}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -111,6 +127,9 @@ class Report:
             "utilisation_after": round(self.tokens_after / self.budget, 4),
             "ms": round(self.ms, 3),
             "cache": self.cache,
+            "native": None
+            if self.native is None
+            else {**self.native, "applied_edits": self.applied_edits},
             "actions": self.actions,
             "failures": self.failures,
             "store_failures": self.store_failures,

@@ -19,6 +19,7 @@ from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
 from pipelines.errors import StoreError
 from pipelines.messages import Message
+from pipelines.native import NativePlan
 from pipelines.policy import Policy
 from pipelines.ports import Clock, OffloadStore, Rendering, Summaries, Summarizer
 from pipelines.report import Report
@@ -95,6 +96,9 @@ class StageContext:
     break the cached prefix cost nothing then."""
     conversation: str = ""
     """The conversation's identity (the client's, or ``pipelines.conversation_id``)."""
+    native: NativePlan | None = None
+    """What the request's native context management asks of the pipeline
+    (``pipelines.native``): ``None`` when it carries none."""
     report: Report | None = None
     """The request's report so far: what the stages before the running one did."""
     carry: dict[str, Any] = field(default_factory=dict)

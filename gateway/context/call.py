@@ -85,6 +85,10 @@ class Services(Protocol):
     @property
     def structured_refused(self) -> set[str]: ...
 
+    def upstream_for(self, model: str) -> ChatUpstream | AnthropicUpstream:
+        """The provider ``model``'s requests go to."""
+        ...
+
     def target(self, caller: Caller, model: str, headers: Mapping[str, str]) -> Target:
         """Where ``caller``'s requests for ``model`` go (``InvalidRequest`` when no key
         may be sent there)."""

@@ -15,15 +15,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
+from gateway.context.native import plan, planned_policy
 from gateway.context.restore import has_refs, with_restore_tool
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.http.headers import POLICY_HEADER, policy_from_header
+from gateway.providers.anthropic import AnthropicUpstream
 from gateway.summaries.model import chat_post
 from gateway.summaries.summarizer import UpstreamSummarizer
 from gateway.tenancy.auth import Caller
@@ -35,6 +37,7 @@ from pipelines import (
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR
+from pipelines.native import NativePlan
 from pipelines.ports import Rendering, Summaries
 
 __all__ = [
@@ -90,6 +93,9 @@ class ChatRequest:
     history_seen: bool = True
     """Whether the request carries its whole history (not one the upstream keeps): only
     then may it be compacted, the overflow retry included."""
+    native: NativePlan | None = None
+    """What the request's native context management asks of the gateway
+    (``gateway.context.native``)."""
 
     @property
     def rewritten(self) -> bool:
@@ -111,6 +117,7 @@ async def compact(
     restore_tool: bool = True,
     history_seen: bool = True,
     render: Rendering | None = None,
+    native_api: Literal["messages", "chat"] | None = None,
 ) -> ChatRequest:
     """``body``, an OpenAI chat request (as received in ``raw`` when it came as one),
     compacted under its policy, with where it goes (``ChatRequest.target``, resolved here
@@ -119,7 +126,10 @@ async def compact(
     restore loop) the gateway's tool is never added. Without ``history_seen`` (a request
     that continues a history the upstream keeps) the request is kept to hygiene (policy
     mode ``off``): what the gateway cannot see, it cannot compact. ``render`` stores a
-    run of removed messages in the client's own form (``pipelines.ports.Rendering``)."""
+    run of removed messages in the client's own form (``pipelines.ports.Rendering``).
+    ``native_api`` names the client API whose Anthropic-style ``context_management`` the
+    request may carry (``gateway.context.native``): on Messages to Claude the upstream
+    applies it, anywhere else the gateway does."""
     caller = call.caller
     call.record.read(body)
     refuse_upstream_choice(body)
@@ -133,6 +143,13 @@ async def compact(
     model = str(body.get("model", ""))
     _check_models(caller, model, policy)
     target = None if dry_run else services.target(caller, model, call.headers)
+    native = None
+    if native_api is not None:
+        provider = target.provider if target is not None else services.upstream_for(model)
+        applies = native_api == "messages" and isinstance(provider, AnthropicUpstream)
+        upstream = "Anthropic" if isinstance(provider, AnthropicUpstream) else "the upstream"
+        native = plan(body, policy, upstream_applies=applies, upstream=upstream)
+        policy = planned_policy(policy, native)
     namespace = caller.namespace
     conversation = _conversation(call.headers, namespace, body)
     state = await services.stores.conversations.get(namespace, conversation)
@@ -144,11 +161,11 @@ async def compact(
         )
     if restore_tool:
         result, tooled, content = await _compact_with_restore_tool(
-            services, raw, body, policy, state, namespace, conversation, summaries, render
+            services, raw, body, policy, state, namespace, conversation, summaries, render, native
         )
     else:
         result = await _compact(
-            services, body, policy, state, namespace, conversation, summaries, render
+            services, body, policy, state, namespace, conversation, summaries, render, native
         )
         tooled, content = None, None
     return ChatRequest(
@@ -165,6 +182,7 @@ async def compact(
         content=content,
         render=render,
         history_seen=history_seen,
+        native=native,
     )
 
 
@@ -261,6 +279,7 @@ async def _compact_with_restore_tool(
     conversation: str,
     summaries: Summaries | None,
     render: Rendering | None = None,
+    native: NativePlan | None = None,
 ) -> tuple[CompactResult, dict[str, Any] | None, bytes | None]:
     """The compacted request; ``body`` with the restore tool when the request carries it;
     and the result as OpenAI chat JSON when it was encoded (to look for refs in it).
@@ -280,12 +299,12 @@ async def _compact_with_restore_tool(
         tooled = with_restore_tool(body)
         if tooled is not None:
             result = await _fitted(
-                services, tooled, policy, state, namespace, conversation, summaries, render
+                services, tooled, policy, state, namespace, conversation, summaries, render, native
             )
             if result is not None:
                 return result, tooled, None
     result = await _compact(
-        services, body, policy, state, namespace, conversation, summaries, render
+        services, body, policy, state, namespace, conversation, summaries, render, native
     )
     if offered:
         return result, None, None
@@ -295,7 +314,7 @@ async def _compact_with_restore_tool(
         return result, None, content
     with _tracer.start_as_current_span("contextgate.restore_tool"):
         again = await _fitted(
-            services, added, policy, state, namespace, conversation, summaries, render
+            services, added, policy, state, namespace, conversation, summaries, render, native
         )
     if again is None:
         return result, None, content
@@ -311,11 +330,12 @@ async def _fitted(
     conversation: str,
     summaries: Summaries | None,
     render: Rendering | None = None,
+    native: NativePlan | None = None,
 ) -> CompactResult | None:
     """``_compact``, or ``None`` when the request cannot be made to fit its budget."""
     try:
         return await _compact(
-            services, body, policy, state, namespace, conversation, summaries, render
+            services, body, policy, state, namespace, conversation, summaries, render, native
         )
     except RequestRejectedError as exc:
         if exc.code == "context_length_exceeded":
@@ -332,6 +352,7 @@ async def _compact(
     conversation: str,
     summaries: Summaries | None = None,
     render: Rendering | None = None,
+    native: NativePlan | None = None,
 ) -> CompactResult:
     try:
         return await services.pipeline.compact(
@@ -343,6 +364,7 @@ async def _compact(
             store=services.stores.for_request(),
             summaries=summaries,
             render=render,
+            native=native,
         )
     except RequestRejected as exc:
         raise RequestRejectedError(str(exc), code=exc.code, param=exc.param) from exc

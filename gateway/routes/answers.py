@@ -8,12 +8,15 @@ Claude); without one, the upstream's answer is the client's, byte for byte.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from litestar.response.base import ASGIResponse
 
 from gateway.context.exchange import Buffered, Streamed
+from gateway.context.native import applied_chunks, applied_events, with_applied_edits
+from gateway.context.restore import chain
 from gateway.http.responses import (
     EVENT_STREAM,
     ErrorEvent,
@@ -22,7 +25,7 @@ from gateway.http.responses import (
     streamed_response,
 )
 
-__all__ = ["Translation", "respond"]
+__all__ = ["Translation", "reporting_edits", "respond"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +81,29 @@ def respond(
         pick=pick,
         content_type=EVENT_STREAM,
     )
+
+
+def reporting_edits(
+    translation: Translation | None,
+    edits: Sequence[Mapping[str, Any]],
+    *,
+    client: str,
+) -> Translation | None:
+    """``translation`` (the upstream's answer as it came when ``None``) with the native
+    edits the gateway applied itself in the answer, where the client's API
+    (``client``: ``messages`` or ``chat``) carries them (``gateway.context.native``)."""
+    if not edits:
+        return translation
+    inner = translation
+
+    def body(status: int, data: bytes) -> bytes:
+        data = inner.body(status, data) if inner is not None else data
+        return with_applied_edits(data, edits) if 200 <= status < 300 else data
+
+    def events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        stream = inner.events(first, rest) if inner is not None else chain(first, rest)
+        if client == "messages":
+            return applied_events(stream, edits)
+        return applied_chunks(stream, edits)
+
+    return Translation(body, events, inner.headers if inner is not None else None)

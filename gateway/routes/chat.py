@@ -33,12 +33,13 @@ from gateway.codecs.openai import parse_chat_request
 from gateway.context.answer import answer
 from gateway.context.call import Target
 from gateway.context.compaction import ChatRequest, compact
+from gateway.context.native import without_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.sse import close, event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
-from gateway.routes.answers import Translation, respond
+from gateway.routes.answers import Translation, reporting_edits, respond
 from gateway.routes.calls import received
 
 __all__ = ["chat_completions"]
@@ -52,14 +53,17 @@ _RELAYED_ON_ERROR: Final = frozenset({"retry-after", "retry-after-ms", "request-
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     """OpenAI Chat Completions, streamed or not, through the context pipeline."""
     gateway, call, raw = await received(request)
-    chat = await compact(gateway, call, parse_chat_request(raw), raw=raw)
+    chat = await compact(gateway, call, parse_chat_request(raw), raw=raw, native_api="chat")
     target = chat.target
     assert target is not None  # not a dry run
     keepalive = gateway.settings.stream_keepalive
     anthropic = target.provider
+    edits = chat.result.report.applied_edits
     if not isinstance(anthropic, AnthropicUpstream):
-        got = await answer(gateway, call, chat, ChatWire(anthropic), target.headers)
-        return respond(got, call.request_id, keepalive=keepalive)
+        prepare = without_field if chat.native is not None else None
+        got = await answer(gateway, call, chat, ChatWire(anthropic, prepare), target.headers)
+        translation = reporting_edits(None, edits, client="chat")
+        return respond(got, call.request_id, keepalive=keepalive, translation=translation)
     info = gateway.pipeline.catalog.lookup(target.model)
     headers, binding = _bound(chat, target) if info.thinking_bound else (target.headers, None)
     request_for = partial(to_messages, default_max_tokens=info.output_reserve, thinking=binding)
@@ -68,7 +72,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     )
     options = chat.body.get("stream_options")
     usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-    return respond(got, call.request_id, keepalive=keepalive, translation=_from_claude(usage))
+    translation = reporting_edits(_from_claude(usage), edits, client="chat")
+    return respond(got, call.request_id, keepalive=keepalive, translation=translation)
 
 
 def _bound(chat: ChatRequest, target: Target) -> tuple[dict[str, str], dict[str, Any] | None]:

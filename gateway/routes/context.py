@@ -15,6 +15,7 @@ from gateway.codecs.json_body import json_object
 from gateway.codecs.openai import parse_chat_request
 from gateway.codecs.responses.request import from_body, to_request
 from gateway.context.compaction import compact
+from gateway.context.native import without_field
 from gateway.http.headers import report_headers
 from gateway.routes.calls import received
 from gateway.routes.responses import compacted
@@ -33,8 +34,10 @@ async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
         chat = await compacted(gateway, call, inbound, dry_run=True)
         sent = to_request(chat.result.request, inbound.native, inbound.messages)
     else:
-        chat = await compact(gateway, call, parse_chat_request(raw), raw=raw, dry_run=True)
-        sent = chat.result.request
+        chat = await compact(
+            gateway, call, parse_chat_request(raw), raw=raw, dry_run=True, native_api="chat"
+        )
+        sent = chat.result.request if chat.native is None else without_field(chat.result.request)
     result = chat.result
     answer = orjson.dumps(
         {

@@ -48,7 +48,7 @@ from gateway.http.responses import anthropic_error_event, buffered_response
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
-from gateway.routes.answers import Translation, respond
+from gateway.routes.answers import Translation, reporting_edits, respond
 from gateway.routes.calls import received
 
 __all__ = ["count_tokens", "messages"]
@@ -70,7 +70,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     gateway, call, raw = await received(request)
     inbound = parse_request(raw)
     refuse_upstream_choice(inbound.native)
-    chat = await compact(gateway, call, inbound.chat)
+    chat = await compact(gateway, call, inbound.chat, native_api="messages")
     target = chat.target
     assert target is not None  # not a dry run
     keepalive = gateway.settings.stream_keepalive
@@ -78,7 +78,8 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if not isinstance(anthropic, AnthropicUpstream):
         wire = ChatWire(anthropic, openai_request)
         got = await answer(gateway, call, chat, wire, target.headers)
-        translation = _from_openai(_answer_ids(chat))
+        edits = chat.result.report.applied_edits
+        translation = reporting_edits(_from_openai(_answer_ids(chat)), edits, client="messages")
         return respond(
             got,
             call.request_id,
@@ -105,12 +106,15 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     count for ``claude-*`` models, the gateway's for the others."""
     gateway, call, raw = await received(request)
     inbound = parse_request(raw, counting=True)
-    chat = await compact(gateway, call, inbound.chat, dry_run=True)
+    chat = await compact(gateway, call, inbound.chat, dry_run=True, native_api="messages")
     report = chat.result.report
     model = str(inbound.chat.get("model", ""))
     ours = report_headers(call.request_id, report, report.ms)
     if not isinstance(gateway.upstream_for(model), AnthropicUpstream):
-        body = orjson.dumps({"input_tokens": report.tokens_after})
+        counted: dict[str, Any] = {"input_tokens": report.tokens_after}
+        if chat.native is not None and chat.native.polyfilled:
+            counted["context_management"] = {"original_input_tokens": report.tokens_before}
+        body = orjson.dumps(counted)
         return ASGIResponse(body=body, media_type="application/json", headers=ours)
     target = gateway.target(call.caller, model, call.headers)
     anthropic = target.provider

@@ -2,7 +2,7 @@
 
 ``DEFAULT_STAGES`` is the only place the order is written. A policy may disable or
 parameterise a stage, never reorder it. ``PassThrough`` stands in for a stage under its
-name (to measure a pipeline without it), so reports and headers still speak of all ten.
+name (to measure a pipeline without it), so reports and headers still speak of all eleven.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pipelines.stages.filter import Filter
 from pipelines.stages.guard_inbound import GuardInbound
 from pipelines.stages.guard_outbound import GuardOutbound
 from pipelines.stages.media import Media
+from pipelines.stages.native_edits import NativeEdits
 from pipelines.stages.normalize import Normalize
 from pipelines.stages.summarize import Summarize
 from pipelines.stages.thinking import Thinking
@@ -38,6 +39,7 @@ class PassThrough:
 
 DEFAULT_STAGES: Final[tuple[Stage, ...]] = (
     GuardInbound(),
+    NativeEdits(),
     Thinking(),
     Media(),
     Filter(),

@@ -36,7 +36,7 @@ def test_compact_prints_request_and_report(tmp_path: Path, capsys: object) -> No
     assert output["request"] == REQUEST
     assert output["report"]["model"] == "gpt-4.1"
     assert output["report"]["budget"] == 9_000
-    assert len(output["report"]["stages"]) == 10
+    assert len(output["report"]["stages"]) == 11
 
 
 def test_compact_reports_bad_input_and_exits_2(tmp_path: Path, capsys: object) -> None:

@@ -9,8 +9,9 @@ import pipelines
 from pipelines import DEFAULT_STAGES, STAGE_NAMES, Pipeline, Policy, compact
 from pipelines.counting import THREADED_MEASURE_CHARS
 
-TEN = (
+ELEVEN = (
     "guard_inbound",
+    "native_edits",
     "thinking",
     "media",
     "filter",
@@ -23,10 +24,11 @@ TEN = (
 )
 
 
-def test_default_stages_are_the_ten_in_order() -> None:
-    """DEFAULT_STAGES names all ten stages of the design, in its order."""
-    assert STAGE_NAMES == TEN
-    assert len(DEFAULT_STAGES) == 10
+def test_default_stages_are_the_eleven_in_order() -> None:
+    """DEFAULT_STAGES names the ten stages of the design in its order, with the client's
+    native edits applied (where the upstream cannot) right after the inbound guard."""
+    assert STAGE_NAMES == ELEVEN
+    assert len(DEFAULT_STAGES) == 11
 
 
 def test_stage_order_is_one_literal_tuple() -> None:

@@ -1,0 +1,226 @@
+"""Stage 1: the client's native context edits, applied by the gateway where the upstream
+cannot apply them (``pipelines.native``, a ``polyfill`` plan).
+
+- ``clear_tool_uses_20250919``: over its trigger (the request's input tokens, or its tool
+  uses), the result of every tool use but the latest ``keep`` is cleared, oldest first,
+  the uses of ``exclude_tools`` left alone, as the API does; with ``clear_tool_inputs``,
+  the cleared uses' arguments too. Unlike the API, what is cleared is written to the
+  offload store first and the placeholder names its ref, so the model (``context_restore``)
+  or the client can have it back; a result the store did not take stays as it is. With
+  ``clear_at_least``, nothing is cleared unless that many tokens would be.
+- ``clear_thinking_20251015``: the thinking (blocks and ``reasoning_content``) of every
+  assistant turn but the latest ``keep`` thinking turns is dropped.
+
+Each edit applied is recorded in the API's ``applied_edits`` shape (``applied_edits`` in
+the stage's details), which the gateway puts in its answer. The clearing depends only on
+the request, so the same history is cleared the same way on every request (refs are
+content-addressed): the outgoing prefix moves only when the trigger or ``keep`` moves it.
+``compact_20260112`` is the host's (``gateway.context.native``): it needs the answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from pipelines.conversation import Conversation
+from pipelines.errors import StoreError
+from pipelines.messages import Message, original_bytes
+from pipelines.native import CLEAR_THINKING, CLEAR_TOOL_USES, ClearThinking, ClearToolUses
+from pipelines.preview import text_digest
+from pipelines.stage import StageContext
+
+__all__ = ["NativeEdits", "cleared_placeholder"]
+
+_REFS_KEPT: Final = 4_096
+_THINKING_PARTS: Final = frozenset({"thinking", "redacted_thinking"})
+_THINKING_KEYS: Final = ("thinking_blocks", "reasoning_content")
+
+
+def cleared_placeholder(name: str, size: int, ref: str) -> str:
+    """What a cleared tool result becomes: what it was and the ref that restores it."""
+    return (
+        f"[Tool result of {name} cleared to save context ({size:,} characters), stored as"
+        f" {ref}. Restore it if it is needed again; do not guess its content.]"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NativeEdits:
+    name: str = "native_edits"
+    _refs: OrderedDict[tuple[str, bytes], str] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
+    """Refs of contents stored on earlier requests: the same results are cleared again on
+    every request, and a ref still in the store is only renewed."""
+
+    async def __call__(self, conversation: Conversation, ctx: StageContext) -> Conversation:
+        plan = ctx.native
+        if plan is None or not plan.polyfilled:
+            return conversation
+        messages = list(conversation.messages)
+        applied: list[dict[str, Any]] = []
+        if plan.edits.clear_thinking is not None:
+            applied += _clear_thinking(messages, plan.edits.clear_thinking, ctx)
+        if plan.edits.clear_tool_uses is not None:
+            before = conversation.with_messages(messages)
+            applied += await self._clear_tool_uses(
+                messages, plan.edits.clear_tool_uses, before, ctx
+            )
+        ctx.record(applied_edits=applied)
+        if not applied:
+            return conversation
+        return conversation.with_messages(messages)
+
+    async def _clear_tool_uses(
+        self,
+        messages: list[Message],
+        edit: ClearToolUses,
+        conversation: Conversation,
+        ctx: StageContext,
+    ) -> list[dict[str, Any]]:
+        uses = [
+            (index, call)
+            for index, message in enumerate(messages)
+            if message.get("role") == "assistant"
+            for call in message.get("tool_calls") or ()
+            if isinstance(call, dict)
+        ]
+        over = (
+            len(uses) if edit.trigger_kind == "tool_uses" else ctx.tokens(conversation)
+        ) > edit.trigger
+        if not over:
+            return []
+        results = {
+            message.get("tool_call_id"): index
+            for index, message in enumerate(messages)
+            if message.get("role") == "tool"
+        }
+        older = uses[: len(uses) - edit.keep] if edit.keep else uses
+        chosen = [(i, c) for i, c in older if _tool_name(c) not in edit.exclude_tools]
+        estimate = sum(
+            ctx.tokens.message(messages[results[call.get("id")]])
+            for _, call in chosen
+            if call.get("id") in results
+        )
+        if not chosen or estimate < edit.clear_at_least:
+            return []
+        cleared = tokens = 0
+        for index, call in chosen:
+            name = _tool_name(call)
+            result_at = results.get(call.get("id"))
+            if result_at is None:
+                continue
+            result = messages[result_at]
+            received = ctx.as_received(result)
+            ref = await self._stored(ctx, original_bytes(received))
+            if ref is None:
+                continue
+            size = len(original_bytes(received))
+            new = {**result, "content": cleared_placeholder(name, size, ref)}
+            tokens += ctx.tokens.message(result) - ctx.tokens.message(new)
+            messages[result_at] = new
+            cleared += 1
+            if edit.clears_input(name):
+                tokens += await self._clear_input(messages, index, call, ctx)
+        if not cleared:
+            return []
+        return [
+            {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared, "cleared_input_tokens": tokens}
+        ]
+
+    async def _clear_input(
+        self, messages: list[Message], index: int, call: dict[str, Any], ctx: StageContext
+    ) -> int:
+        """Clear ``call``'s arguments in the assistant message at ``index`` (offloaded
+        first); the tokens it saved."""
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str) or arguments in ("", "{}"):
+            return 0
+        ref = await self._stored(ctx, arguments.encode())
+        if ref is None:
+            return 0
+        message = messages[index]
+        placeholder = orjson.dumps({"cleared_to_save_context": ref}).decode()
+        calls = [
+            {**c, "function": {**function, "arguments": placeholder}} if c is call else c
+            for c in message["tool_calls"]
+        ]
+        new = {**message, "tool_calls": calls}
+        saved = ctx.tokens.message(message) - ctx.tokens.message(new)
+        messages[index] = new
+        return saved
+
+    async def _stored(self, ctx: StageContext, content: bytes) -> str | None:
+        if ctx.store is None:
+            ctx.details["skipped"] = "no store"
+            return None
+        key = (ctx.namespace, text_digest(content.decode(errors="replace")))
+        ref = self._refs.get(key)
+        if ref is not None and await ctx.confirmed(ref):
+            self._refs.move_to_end(key)
+            return ref
+        try:
+            ref = await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
+        except StoreError:
+            ctx.details["store_failures"] = ctx.details.get("store_failures", 0) + 1
+            return None
+        self._refs[key] = ref
+        if len(self._refs) > _REFS_KEPT:
+            self._refs.popitem(last=False)
+        return ref
+
+
+def _clear_thinking(
+    messages: list[Message], edit: ClearThinking, ctx: StageContext
+) -> list[dict[str, Any]]:
+    if edit.keep is None:
+        return []
+    turns = [i for i, m in enumerate(messages) if _thinks(m)]
+    older = turns[: len(turns) - edit.keep] if edit.keep else turns
+    tokens = 0
+    for index in older:
+        message = messages[index]
+        new = {
+            k: v for k, v in message.items() if k not in ("thinking_blocks", "reasoning_content")
+        }
+        content = new.get("content")
+        if isinstance(content, list):
+            kept = [
+                p for p in content if not (isinstance(p, dict) and p.get("type") in _THINKING_PARTS)
+            ]
+            new["content"] = kept or None
+        tokens += ctx.tokens.message(message) - ctx.tokens.message(new)
+        messages[index] = new
+    if not older:
+        return []
+    return [
+        {
+            "type": CLEAR_THINKING,
+            "cleared_thinking_turns": len(older),
+            "cleared_input_tokens": tokens,
+        }
+    ]
+
+
+def _thinks(message: Message) -> bool:
+    if message.get("role") != "assistant":
+        return False
+    if message.get("thinking_blocks") or message.get("reasoning_content"):
+        return True
+    content = message.get("content")
+    return isinstance(content, list) and any(map(_is_thinking, content))
+
+
+def _is_thinking(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in _THINKING_PARTS
+
+
+def _tool_name(call: dict[str, Any]) -> str:
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else ""
