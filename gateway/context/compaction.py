@@ -21,6 +21,7 @@ import orjson
 from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
+from gateway.context.compaction_block import block, compaction_policy, expanded
 from gateway.context.native import plan, planned_policy
 from gateway.context.restore import has_refs, with_restore_tool
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
@@ -34,10 +35,11 @@ from pipelines import (
     ConversationState,
     Policy,
     RequestRejected,
+    StoreError,
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR
-from pipelines.native import NativePlan
+from pipelines.native import Compact, NativePlan
 from pipelines.ports import Rendering, Summaries
 
 __all__ = [
@@ -96,6 +98,9 @@ class ChatRequest:
     native: NativePlan | None = None
     """What the request's native context management asks of the gateway
     (``gateway.context.native``)."""
+    compaction: dict[str, Any] | None = None
+    """The ``compaction`` block the answer begins with, when the gateway made the
+    client's ``compact_20260112`` on this request (``gateway.context.compaction_block``)."""
 
     @property
     def rewritten(self) -> bool:
@@ -149,7 +154,16 @@ async def compact(
         applies = native_api == "messages" and isinstance(provider, AnthropicUpstream)
         upstream = "Anthropic" if isinstance(provider, AnthropicUpstream) else "the upstream"
         native = plan(body, policy, upstream_applies=applies, upstream=upstream)
-        policy = planned_policy(policy, native)
+        policy = planned_policy(policy, native, blocks=native_api == "messages")
+        if native_api == "messages":
+            ours_only = native is not None and native.polyfilled
+            body = await expanded(
+                body,
+                services.stores.for_request(),
+                caller.namespace,
+                ttl=policy.offload_ttl,
+                ours_only=ours_only,
+            )
     namespace = caller.namespace
     conversation = _conversation(call.headers, namespace, body)
     state = await services.stores.conversations.get(namespace, conversation)
@@ -168,6 +182,14 @@ async def compact(
             services, body, policy, state, namespace, conversation, summaries, render, native
         )
         tooled, content = None, None
+    compaction = None
+    due = _compaction_due(native, result) if native_api == "messages" else None
+    if due is not None and history_seen:
+        policy = compaction_policy(policy, _edited_tokens(result))
+        result, tooled, content = await _compact_with_restore_tool(
+            services, raw, body, policy, state, namespace, conversation, summaries, render, native
+        )
+        compaction = None if dry_run else await _block(services, namespace, policy, result)
     return ChatRequest(
         raw,
         tooled or body,
@@ -183,7 +205,43 @@ async def compact(
         render=render,
         history_seen=history_seen,
         native=native,
+        compaction=compaction,
     )
+
+
+def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact | None:
+    """The client's ``compact_20260112`` when the gateway makes it and this request is
+    over its trigger (once the client's other edits are applied)."""
+    if native is None or not native.polyfilled or native.edits.compact is None:
+        return None
+    edit = native.edits.compact
+    return edit if _edited_tokens(result) > edit.trigger else None
+
+
+def _edited_tokens(result: CompactResult) -> int:
+    """The request's tokens once the client's other edits are applied: what its
+    compaction trigger is compared with, as the API applies the edits in turn."""
+    report = result.report
+    stage = report.stage("native_edits")
+    return stage.tokens_after if stage is not None else report.tokens_before
+
+
+async def _block(
+    services: Services, namespace: str, policy: Policy, result: CompactResult
+) -> dict[str, Any] | None:
+    """The compaction block for ``result``; ``None`` when its checkpoint could not be
+    stored (the request goes on compacted, the client keeps its history)."""
+    removed = result.report.tokens_before - result.report.tokens_after
+    try:
+        return await block(
+            result.request,
+            services.stores.for_request(),
+            namespace,
+            ttl=policy.offload_ttl,
+            removed=removed,
+        )
+    except StoreError:
+        return None
 
 
 def _summarizer(

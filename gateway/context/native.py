@@ -22,7 +22,9 @@ field); an ``honour`` one goes up as it is, and the upstream's 400 comes back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import orjson
@@ -30,6 +32,7 @@ import orjson
 from gateway.errors import InvalidRequest
 from gateway.http.sse import event_data
 from pipelines import Policy
+from pipelines.budget import BUDGET_FLOOR
 from pipelines.native import NativeEditError, NativePlan, parse_edits, stepped_back
 
 __all__ = [
@@ -73,11 +76,19 @@ def plan(
     return NativePlan("polyfill", edits, reason)
 
 
-def planned_policy(policy: Policy, native: NativePlan | None) -> Policy:
-    """``policy`` stepped back from what the client delegated (``pipelines.native``)."""
+def planned_policy(policy: Policy, native: NativePlan | None, *, blocks: bool) -> Policy:
+    """``policy`` stepped back from what the client delegated (``pipelines.native``).
+    A client that cannot take compaction blocks (``blocks`` false: the chat API) and asks
+    for compaction gets the gateway's own, from the client's trigger on: its budget capped
+    so that the policy's ``trigger`` falls there."""
     if native is None:
         return policy
-    return stepped_back(policy, native.edits)
+    compact = native.edits.compact
+    if compact is None or blocks:
+        return stepped_back(policy, native.edits)
+    cap = max(BUDGET_FLOOR, math.ceil(compact.trigger / policy.trigger))
+    capped = replace(policy, max_input=min(policy.max_input or cap, cap))
+    return stepped_back(capped, replace(native.edits, compact=None))
 
 
 def without_field(request: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from gateway.codecs.messages_openai import (
 )
 from gateway.context.answer import answer
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
+from gateway.context.compaction_block import block_events, paused, paused_events, with_block
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.headers import report_headers
@@ -76,10 +77,17 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     keepalive = gateway.settings.stream_keepalive
     anthropic = target.provider
     if not isinstance(anthropic, AnthropicUpstream):
+        compaction = chat.compaction
+        edit = chat.native.edits.compact if chat.native is not None else None
+        if compaction is not None and edit is not None and edit.pause_after_compaction:
+            return _paused(chat, compaction, call.request_id)
         wire = ChatWire(anthropic, openai_request)
         got = await answer(gateway, call, chat, wire, target.headers)
         edits = chat.result.report.applied_edits
-        translation = reporting_edits(_from_openai(_answer_ids(chat)), edits, client="messages")
+        base = _from_openai(_answer_ids(chat))
+        translation = reporting_edits(base, edits, client="messages") or base
+        if compaction is not None:
+            translation = _with_compaction(translation, compaction)
         return respond(
             got,
             call.request_id,
@@ -143,6 +151,31 @@ def _from_openai(seen: tuple[str, ...]) -> Translation:
         return _translated(first, rest, seen)
 
     return Translation(body, events)
+
+
+def _with_compaction(translation: Translation, compaction: dict[str, Any]) -> Translation:
+    """``translation`` with the gateway's ``compaction`` block first in the answer."""
+
+    def body(status: int, data: bytes) -> bytes:
+        data = translation.body(status, data)
+        return with_block(data, compaction) if 200 <= status < 300 else data
+
+    def events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return block_events(translation.events(first, rest), compaction)
+
+    return Translation(body, events, translation.headers)
+
+
+def _paused(chat: ChatRequest, compaction: dict[str, Any], request_id: str) -> ASGIResponse:
+    """The answer to a request paused after the gateway's compaction: the block alone,
+    streamed or not as asked; nothing was sent upstream."""
+    report = chat.result.report
+    message = paused(str(chat.body.get("model", "")), compaction, report.tokens_after)
+    headers = report_headers(request_id, report, report.ms)
+    if chat.body.get("stream"):
+        stream = b"".join(paused_events(message))
+        return ASGIResponse(body=stream, media_type="text/event-stream", headers=headers)
+    return ASGIResponse(body=orjson.dumps(message), media_type="application/json", headers=headers)
 
 
 def _unbound(

@@ -1,0 +1,315 @@
+"""Anthropic's ``compact_20260112`` made by the gateway for an upstream that cannot: the
+compaction block it answers with, and what a block it made stands for when the client
+sends it back.
+
+When a Messages request that asks for compaction is over its trigger, the gateway
+compacts it with its own pipeline, under a policy that cuts deep
+(``compaction_policy``): the span becomes the 11-field summary (or, without a summary
+model, notes naming the refs of what was removed), the protected tail stays. The
+messages that came out, all but the system prompt, are the *checkpoint*: stored in the
+offload store, in the caller's namespace, for ``offload-ttl`` (renewed at each use). The
+client gets a ``compaction`` block at the head of the answer (``block``): its
+``content`` the summary, readable; its ``encrypted_content`` the checkpoint's ref behind a
+marker. A ref is an HMAC of the namespace and the content under the store's secret
+(``gateway.store.refs``), so it is the gateway's signature too: nobody can make one for a
+checkpoint the gateway did not store for this caller.
+
+When the block comes back (``expanded``), everything before it is dropped, as the API
+drops it, and the checkpoint's messages take its place, so the model reads what it read
+when the compaction was made, followed by the rest of that answer and what came since. A
+block whose ref names nothing in the caller's namespace (forged, another key's, a
+provider's own on a polyfilled route, or expired) is refused with a 400 that says so;
+one whose ``content`` the client changed, too. A block the gateway did not make, on a
+route where the provider compacts (honour), is the provider's own: left alone.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import replace
+from typing import Any, Final
+
+import orjson
+
+from gateway.errors import InvalidRequest
+from gateway.http.sse import event_data
+from pipelines import Policy, StoreError
+from pipelines.budget import BUDGET_FLOOR
+from pipelines.messages import SYSTEM_TURN, Message, message_text
+from pipelines.ports import OffloadStore
+from pipelines.stage import REF_PATTERN
+
+__all__ = [
+    "MARK",
+    "block",
+    "block_events",
+    "compaction_policy",
+    "expanded",
+    "latest_block",
+    "paused",
+    "paused_events",
+    "with_block",
+]
+
+MARK: Final = "contextgate.compaction.v1:"
+"""What the ``encrypted_content`` of a compaction block the gateway made begins with."""
+_DEEP: Final = 0.8
+"""The utilisation a compaction runs the pipeline at: full compaction (``trigger``),
+short of the emergency's deterministic shortening, so that a summary model is asked."""
+_GATEWAY_TEXTS: Final = ("[Recalled context:", "[Context note:")
+
+
+def compaction_policy(policy: Policy, tokens: int) -> Policy:
+    """``policy`` for compacting a request of ``tokens`` now: a budget it fills to 80%
+    (full compaction), aiming for a fifth of that budget with a tenth kept verbatim at
+    the end."""
+    budget = max(BUDGET_FLOOR, int(tokens / _DEEP) + 1)
+    return replace(
+        policy,
+        max_input=budget,
+        prepare=0.7,
+        light=0.7,
+        trigger=0.7,
+        emergency=0.95,
+        target=0.2,
+        tail_ratio=min(policy.tail_ratio, 0.1),
+    )
+
+
+def latest_block(messages: Sequence[Message]) -> tuple[int, int] | None:
+    """Where the latest ``compaction`` block is: its message's index and its part's."""
+    for index in range(len(messages) - 1, -1, -1):
+        content = messages[index].get("content")
+        if messages[index].get("role") != "assistant" or not isinstance(content, list):
+            continue
+        for part_index in range(len(content) - 1, -1, -1):
+            part = content[part_index]
+            if isinstance(part, dict) and part.get("type") == "compaction":
+                return index, part_index
+    return None
+
+
+def is_ours(part: Mapping[str, Any]) -> bool:
+    encrypted = part.get("encrypted_content")
+    return isinstance(encrypted, str) and encrypted.startswith(MARK)
+
+
+async def expanded(
+    body: dict[str, Any],
+    store: OffloadStore | None,
+    namespace: str,
+    *,
+    ttl: int,
+    ours_only: bool,
+) -> dict[str, Any]:
+    """``body`` with what precedes its latest compaction block replaced by the checkpoint
+    that block stands for, when the gateway made it. A block the gateway did not make is
+    refused when ``ours_only`` (the upstream could not read it), else left alone."""
+    messages = body.get("messages") or []
+    found = latest_block(messages)
+    if found is None:
+        return body
+    index, part_index = found
+    turn = messages[index]
+    part = turn["content"][part_index]
+    if not is_ours(part):
+        if ours_only:
+            raise _refused("was not made by this gateway")
+        return body
+    if part.get("content") is None:
+        return body  # a failed compaction: a no-op, as the API treats it
+    checkpoint = await _checkpoint(part, store, namespace, ttl)
+    rest = [p for i, p in enumerate(turn["content"]) if i != part_index]
+    after: list[Message] = []
+    if rest or turn.get("tool_calls"):
+        after.append({**turn, "content": rest or None})
+    system = [m for m in messages[:index] if m.get("role") == "system" and not m.get(SYSTEM_TURN)]
+    return {**body, "messages": [*system, *checkpoint, *after, *messages[index + 1 :]]}
+
+
+async def block(
+    request: Mapping[str, Any],
+    store: OffloadStore | None,
+    namespace: str,
+    *,
+    ttl: int,
+    removed: int,
+) -> dict[str, Any]:
+    """The compaction block for ``request``, the pipeline's compaction of a conversation
+    (``removed`` tokens less than it had): its checkpoint stored, the block naming it.
+    ``StoreError`` when the store does not take it (then there is no compaction)."""
+    if store is None:
+        raise StoreError("no offload store")
+    messages = request.get("messages") or []
+    start = 0
+    while start < len(messages) and _is_system_prompt(messages[start]):
+        start += 1
+    kept = messages[start:]
+    content = _summary(kept, removed)
+    data = orjson.dumps({"content": content, "messages": kept})
+    ref = await store.put(namespace, data, ttl=ttl)
+    return {"type": "compaction", "content": content, "encrypted_content": MARK + ref}
+
+
+async def _checkpoint(
+    part: Mapping[str, Any], store: OffloadStore | None, namespace: str, ttl: int
+) -> list[Message]:
+    ref = str(part["encrypted_content"])[len(MARK) :]
+    if store is None or not REF_PATTERN.fullmatch(ref):
+        raise _refused("names no checkpoint of this gateway")
+    try:
+        data = await store.get(namespace, ref)
+    except StoreError as exc:
+        raise _refused("could not be read back: the offload store is unavailable") from exc
+    if data is None:
+        raise _refused(
+            "names no checkpoint this gateway keeps for this key (another key's, or"
+            " expired after offload-ttl)"
+        )
+    checkpoint = orjson.loads(data)
+    if checkpoint.get("content") != part.get("content"):
+        raise _refused("was changed: its content is not the summary the gateway made")
+    touch = getattr(store, "touch", None)
+    if touch is not None:
+        with suppress(StoreError):  # read now; renewed on a later request
+            await touch(namespace, ref, ttl)
+    messages = checkpoint.get("messages")
+    return list(messages) if isinstance(messages, list) else []
+
+
+def _refused(why: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The compaction block in messages {why}. Send back the compaction blocks this"
+        " gateway returned, as they came, or the history they replaced.",
+        code="invalid_request_error",
+        param="messages",
+    )
+
+
+def _is_system_prompt(message: Message) -> bool:
+    return message.get("role") in ("system", "developer") and not message.get(SYSTEM_TURN)
+
+
+def _summary(messages: Sequence[Message], removed: int) -> str:
+    """The compaction's readable content: the summary and notes the pipeline wrote."""
+    texts = [
+        text
+        for text in (message_text(m) for m in messages if m.get("role") == "user")
+        if text.startswith(_GATEWAY_TEXTS)
+    ]
+    head = (
+        f"[contextgate compaction: {removed:,} tokens of earlier conversation were"
+        " compacted; the gateway keeps what the model saw after it.]"
+    )
+    return "\n\n".join([head, *texts])
+
+
+def with_block(body: bytes, compaction: Mapping[str, Any]) -> bytes:
+    """A Messages answer's JSON with ``compaction`` as its first content block."""
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return body
+    message["content"] = [dict(compaction), *message["content"]]
+    return orjson.dumps(message)
+
+
+async def block_events(
+    events: AsyncIterator[bytes], compaction: Mapping[str, Any]
+) -> AsyncIterator[bytes]:
+    """A Messages stream with ``compaction`` as its first content block, as Anthropic
+    streams one (a ``compaction`` block started empty, one ``compaction_delta`` with its
+    content, stopped), the stream's own blocks one index further."""
+    started = False
+    async for event in events:
+        data = _data(event)
+        if data is None:
+            yield event
+            continue
+        kind = data.get("type")
+        if kind == "message_start" and not started:
+            started = True
+            yield event
+            for made in _block_events(compaction, 0):
+                yield made
+            continue
+        if started and isinstance(data.get("index"), int):
+            data["index"] += 1
+            yield _event(str(kind), data)
+            continue
+        yield event
+
+
+def paused(model: str, compaction: Mapping[str, Any], input_tokens: int) -> dict[str, Any]:
+    """The answer to a request paused after its compaction (``pause_after_compaction``):
+    the compaction block alone, ``stop_reason: "compaction"``; no model was asked."""
+    return {
+        "id": "msg_" + secrets.token_urlsafe(18),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [dict(compaction)],
+        "stop_reason": "compaction",
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+
+
+def paused_events(message: Mapping[str, Any]) -> list[bytes]:
+    """``paused``'s answer as a Messages stream."""
+    start = {**message, "content": [], "stop_reason": None}
+    usage = message["usage"]
+    return [
+        _event("message_start", {"type": "message_start", "message": start}),
+        *_block_events(message["content"][0], 0),
+        _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "compaction", "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        ),
+        _event("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def _block_events(compaction: Mapping[str, Any], index: int) -> list[bytes]:
+    delta = {
+        "type": "compaction_delta",
+        "content": compaction.get("content"),
+        "encrypted_content": compaction.get("encrypted_content"),
+    }
+    return [
+        _event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "compaction", "content": None},
+            },
+        ),
+        _event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        ),
+        _event("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def _event(kind: str, data: Mapping[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _data(event: bytes) -> dict[str, Any] | None:
+    payload = event_data(event).strip()
+    if not payload.startswith(b"{"):
+        return None
+    try:
+        found = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
