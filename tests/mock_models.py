@@ -28,6 +28,14 @@ recording why in ``refusals``:
 after a 5-minute one, as the API does); its answers' usage reports it, and ``prompts``
 holds each accepted request's prefix digests in cache order (tools, system, messages;
 markers are not content), for a test to tell whether a request extends the one before.
+
+``ClaudeModel`` plays Anthropic's server-side context management (beta) too, with
+``tests.anthropic_edits``: a request's ``context_management.edits`` are refused without
+their ``anthropic-beta``, else applied before the model reads the request (and before it
+is billed and counted); the answer reports them (``context_management.applied_edits``, in
+the streamed ``message_delta``) and begins with a ``compaction`` block when a compact edit
+is due, its summary holding the latest request and how many of its commands were run, so
+that the conversation goes on from it once the client sends it back.
 """
 
 from __future__ import annotations
@@ -44,6 +52,15 @@ import orjson
 
 from bench.prompt_cache import PrefixCache
 from pipelines import TokenCounter
+from tests.anthropic_edits import (
+    Applied,
+    Count,
+    EditError,
+    apply_edits,
+    edits_of,
+    json_tokens,
+    missing_beta,
+)
 from tests.mock_upstream import (
     JSONReply,
     Received,
@@ -71,6 +88,10 @@ REMOVED_CALLS: Final = re.compile(r"\b([\w.-]+) x(\d+)\b")
 BOUND: Final = ("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5", "claude-fable-5-1")
 """Models whose thinking blocks are bound to the prompt before them."""
 BINDING_BETA: Final = "thinking-binding-controls-2026-08-01"
+SUMMARY_HEAD: Final = "Summary of the conversation before this point"
+COMPACTED: Final = re.compile(rf"^(?:{SUMMARY_HEAD} .*|Commands already run: (\d+)\.)\n?", re.M)
+"""The lines a compaction summary adds to the request it holds: its head, and how many of
+the request's commands were run before it."""
 
 
 def message_events(message: Mapping[str, Any]) -> list[bytes]:
@@ -83,17 +104,26 @@ def message_events(message: Mapping[str, Any]) -> list[bytes]:
         return event({"type": "content_block_delta", "index": index, "delta": body})
 
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+    opening = {name: value for name, value in usage.items() if name != "iterations"}
+    start = {name: value for name, value in message.items() if name != "context_management"}
+    start |= {"content": [], "stop_reason": None, "usage": {**opening, "output_tokens": 1}}
     out = [event({"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
         if block["type"] == "thinking":
-            empty = {"type": "thinking", "thinking": "", "signature": ""}
+            empty: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             out.append(
                 event({"type": "content_block_start", "index": index, "content_block": empty})
             )
             if block["thinking"]:
                 out.append(delta(index, {"type": "thinking_delta", "thinking": block["thinking"]}))
             out.append(delta(index, {"type": "signature_delta", "signature": block["signature"]}))
+        elif block["type"] == "compaction":
+            empty = {"type": "compaction", "content": None, "encrypted_content": None}
+            out.append(
+                event({"type": "content_block_start", "index": index, "content_block": empty})
+            )
+            summary = {key: block.get(key) for key in ("content", "encrypted_content")}
+            out.append(delta(index, {"type": "compaction_delta", **summary}))
         elif block["type"] == "text":
             empty = {"type": "text", "text": ""}
             out.append(
@@ -109,15 +139,13 @@ def message_events(message: Mapping[str, Any]) -> list[bytes]:
             out.append(delta(index, {"type": "input_json_delta", "partial_json": arguments}))
         out.append(event({"type": "content_block_stop", "index": index}))
     end = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-    out.append(
-        event(
-            {
-                "type": "message_delta",
-                "delta": end,
-                "usage": {"output_tokens": usage["output_tokens"]},
-            }
-        )
-    )
+    closing: dict[str, Any] = {"output_tokens": usage["output_tokens"]}
+    if "iterations" in usage:
+        closing["iterations"] = usage["iterations"]
+    final: dict[str, Any] = {"type": "message_delta", "delta": end, "usage": closing}
+    if "context_management" in message:
+        final["context_management"] = message["context_management"]
+    out.append(event(final))
     out.append(event({"type": "message_stop"}))
     return out
 
@@ -160,12 +188,23 @@ def _last_result_size(turns: Sequence[Mapping[str, Any]]) -> int:
 
 
 class ClaudeModel:
-    """A Claude behind ``/v1/messages``: checks, a prompt cache and scripted answers."""
+    """A Claude behind ``/v1/messages``: checks, a prompt cache, server-side context
+    management and scripted answers. ``count`` counts tokens for the edits' triggers and
+    what they clear (``tests.anthropic_edits``)."""
 
-    def __init__(self, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, *, clock: Any = time.monotonic, count: Count = json_tokens) -> None:
+        self.count = count
         self.refusals: list[str] = []
         self.requests: list[dict[str, Any]] = []
-        """Every Messages request body accepted, in order."""
+        """Every Messages request body accepted, in order, as sent."""
+        self.edited: list[list[dict[str, Any]]] = []
+        """Each accepted request's messages as the model read them: after the drop before
+        a compaction block and the context management edits."""
+        self.applied: list[list[dict[str, Any]]] = []
+        """Each accepted request's applied edits (``[]`` when it asked for none, or none
+        cleared anything)."""
+        self.compacted: list[bool] = []
+        """Whether each accepted request's answer began with a compaction block."""
         self.prompts: list[list[bytes]] = []
         """Each accepted request's prefix digests, one per block in cache order."""
         self.usages: list[dict[str, int]] = []
@@ -180,30 +219,33 @@ class ClaudeModel:
     def __call__(self, received: Received) -> Reply | None:
         path = received.path.split("?")[0]
         if path == "/v1/messages/count_tokens":
-            tokens = sum(p.tokens for p in self.cache.positions(received.json()))
-            return JSONReply({"input_tokens": tokens})
+            return self._count_tokens(received)
         if path != "/v1/messages":
             return None
         body = received.json()
         positions = self.cache.positions(body)
         problem = self._refused(body) or self._unbound(body, positions, received.headers)
+        applied = None
+        if problem is None:
+            applied, problem = self._edits(body, received)
+        edited = body if applied is None else {**body, "messages": applied.messages}
         usage = None
         if problem is None:
             try:
-                usage = self.cache.usage(body, self._clock())
+                usage = self.cache.usage(edited, self._clock())
             except ValueError as exc:  # too many breakpoints, or out of TTL order
                 problem = str(exc)
         if problem is not None or usage is None:
-            self.refusals.append(str(problem))
-            error = {
-                "type": "error",
-                "error": {"type": "invalid_request_error", "message": problem},
-            }
-            return JSONReply(error, status=400)
+            return self._refusal(str(problem))
         self.requests.append(body)
-        self.prompts.append([p.prefix for p in positions])
+        read = positions if applied is None else self.cache.positions(edited)
+        self.prompts.append([p.prefix for p in read])
         self.usages.append(usage)
-        answer = self._answer(body, usage, positions[-1].prefix if positions else b"")
+        self.edited.append(list(edited.get("messages") or ()))
+        self.applied.append([] if applied is None else applied.applied_edits)
+        self.compacted.append(applied is not None and applied.compaction_due)
+        prefix = positions[-1].prefix if positions else b""
+        answer = self._answer(edited, usage, prefix, applied, sent=body)
         if body.get("stream"):
             return SSEReply(message_events(answer), headers={"content-type": "text/event-stream"})
         return JSONReply(answer)
@@ -214,6 +256,50 @@ class ClaudeModel:
         return len(after) >= len(before) and after[len(before) - 1] == before[-1]
 
     # -- the API's checks ------------------------------------------------------------------
+
+    def _refusal(self, problem: str) -> JSONReply:
+        """The API's 400 for a refused request, recorded in ``refusals``."""
+        self.refusals.append(problem)
+        error = {"type": "error", "error": {"type": "invalid_request_error", "message": problem}}
+        return JSONReply(error, status=400)
+
+    def _count_tokens(self, received: Received) -> Reply:
+        """``count_tokens``: the prompt's tokens, after its context management (then with
+        the count before it, as the API reports it)."""
+        body = received.json()
+        applied, problem = self._edits(body, received)
+        if problem is not None:
+            return self._refusal(problem)
+        edited = body if applied is None else {**body, "messages": applied.messages}
+        answer: dict[str, Any] = {
+            "input_tokens": sum(p.tokens for p in self.cache.positions(edited))
+        }
+        if applied is not None and body.get("context_management") is not None:
+            original = sum(p.tokens for p in self.cache.positions(body))
+            answer["context_management"] = {"original_input_tokens": original}
+        return JSONReply(answer)
+
+    def _edits(
+        self, body: Mapping[str, Any], received: Received
+    ) -> tuple[Applied | None, str | None]:
+        """The request's context management applied (``None`` when it asks for none and
+        sends back no compaction block), or why the API refuses it: an edit it does not
+        know, or one without its beta in ``anthropic-beta``."""
+        try:
+            edits = edits_of(body)
+            if edits is not None:
+                problem = missing_beta(edits, _betas(received))
+                if problem is not None:
+                    return None, problem
+            elif not any(
+                block.get("type") == "compaction"
+                for turn in body.get("messages") or ()
+                for block in _content(turn)
+            ):
+                return None, None
+            return apply_edits(body, self.count), None
+        except EditError as exc:
+            return None, str(exc)
 
     def _refused(self, body: Mapping[str, Any]) -> str | None:
         turns = body.get("messages") or []
@@ -269,7 +355,9 @@ class ClaudeModel:
         in_loop = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
         if thinking_on and in_loop and len(chat_turns) > 1:
             previous = chat_turns[-2].get("content")
-            first = previous[0].get("type") if isinstance(previous, list) and previous else None
+            led = previous if isinstance(previous, list) else []
+            led = [b for b in led if b.get("type") != "compaction"]
+            first = led[0].get("type") if led else None
             if first not in ("thinking", "redacted_thinking"):
                 return (
                     f"Expected `thinking` or `redacted_thinking`, but found `{first}`. When"
@@ -311,12 +399,41 @@ class ClaudeModel:
     # -- answers ---------------------------------------------------------------------------
 
     def _answer(
-        self, body: Mapping[str, Any], usage: dict[str, int], prefix: bytes
+        self,
+        body: Mapping[str, Any],
+        usage: dict[str, int],
+        prefix: bytes,
+        applied: Applied | None = None,
+        *,
+        sent: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """The answer to ``body`` (as the model reads it; ``sent`` as it came, whose
+        ``prefix`` a thinking block is bound to): a compaction block first when
+        ``applied`` says one is due, then (unless the compaction pauses) a thinking block
+        when thinking is on, and the next command's tool use or the closing text."""
         turns = [t for t in body.get("messages") or () if t.get("role") != "system"]
-        text, done = _latest_user_text(turns)
+        summary = _summary(turns)
+        scripted = turns if summary is None else [_user_text(summary), *turns]
+        text, done = _latest_user_text(scripted)
+        if summary is not None and text == summary:  # the request the summary holds
+            done += _compacted_commands(summary)
         commands = RUN.findall(text)
         content: list[dict[str, Any]] = []
+        iterations: list[dict[str, Any]] = []
+        if applied is not None and applied.compaction_due:
+            block = self._compaction(turns, text, done)
+            content.append(block)
+            read = {"input_tokens": sum(usage.values())}
+            iterations.append(_iteration("compaction", read, self.count(block["content"])))
+            if sent is not None:
+                compacted = [*sent.get("messages", ()), {"role": "assistant", "content": [block]}]
+                prefix = self.cache.positions({**sent, "messages": compacted})[-1].prefix
+        edits = None
+        if applied is not None and body.get("context_management") is not None:
+            edits = applied.applied_edits
+        if applied is not None and applied.pause_after_compaction:
+            number = next(self._ids)
+            return _message(body, number, content, "compaction", usage, iterations, edits)
         thinking = body.get("thinking") or {}
         if thinking.get("type") in ("enabled", "adaptive"):
             shown = (
@@ -340,16 +457,91 @@ class ClaudeModel:
             size = _last_result_size(turns)
             content.append({"type": "text", "text": f"Done after {done} commands ({size} bytes)."})
             stop = "end_turn"
-        return {
-            "id": f"msg_{number:06d}",
-            "type": "message",
-            "role": "assistant",
-            "model": body.get("model"),
-            "content": content,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {**usage, "output_tokens": 20},
-        }
+        if iterations:
+            iterations.append(_iteration("message", usage, 20))
+        return _message(body, number, content, stop, usage, iterations, edits)
+
+    def _compaction(
+        self, turns: Sequence[Mapping[str, Any]], text: str, done: int
+    ) -> dict[str, Any]:
+        """The compaction block of a conversation whose latest request is ``text``, with
+        ``done`` of its commands run: its summary holds both."""
+        request = COMPACTED.sub("", text).strip("\n")
+        tokens = self.count(list(turns))
+        summary = (
+            f"{SUMMARY_HEAD} ({len(turns)} turns, {tokens} tokens).\n{request}\n"
+            f"Commands already run: {done}."
+        )
+        secret = base64.b64encode(hashlib.sha256(summary.encode()).digest() * 2).decode()
+        return {"type": "compaction", "content": summary, "encrypted_content": secret}
+
+
+def _betas(received: Received) -> set[str]:
+    """The betas a request names in its ``anthropic-beta`` headers."""
+    lines = [v for k, v in received.header_lines if k == "anthropic-beta"] or [
+        received.headers.get("anthropic-beta", "")
+    ]
+    return {name.strip() for line in lines for name in line.split(",") if name.strip()}
+
+
+def _message(
+    body: Mapping[str, Any],
+    number: int,
+    content: list[dict[str, Any]],
+    stop: str,
+    usage: Mapping[str, int],
+    iterations: list[dict[str, Any]],
+    edits: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """A whole Messages answer: ``content``, its usage (with ``iterations`` when a
+    compaction ran) and the context management ``edits`` applied (``None``: the request
+    asked for none)."""
+    message: dict[str, Any] = {
+        "id": f"msg_{number:06d}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 20},
+    }
+    if iterations:
+        message["usage"]["iterations"] = iterations
+    if edits is not None:
+        message["context_management"] = {"applied_edits": edits}
+    return message
+
+
+def _user_text(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def _compacted_commands(summary: str) -> int:
+    """How many commands a compaction summary says were run before it."""
+    counts = [int(n) for n in COMPACTED.findall(summary) if n]
+    return counts[-1] if counts else 0
+
+
+def _summary(turns: Sequence[Mapping[str, Any]]) -> str | None:
+    """The summary of the compaction block that begins ``turns`` (what the API leaves of
+    a compacted conversation), if one does: the scripted model reads it as a user turn
+    holding the request it was compacted in."""
+    head = _content(turns[0]) if turns and turns[0].get("role") == "assistant" else []
+    if head and head[0].get("type") == "compaction" and isinstance(head[0].get("content"), str):
+        return str(head[0]["content"])
+    return None
+
+
+def _iteration(kind: str, read: Mapping[str, int], written: int) -> dict[str, Any]:
+    """One entry of ``usage.iterations``: ``read`` its input (cache fields absent: 0)."""
+    return {
+        "type": kind,
+        "input_tokens": read.get("input_tokens", 0),
+        "output_tokens": written,
+        "cache_creation_input_tokens": read.get("cache_creation_input_tokens", 0),
+        "cache_read_input_tokens": read.get("cache_read_input_tokens", 0),
+    }
 
 
 def _content(turn: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
 from gateway.context.compaction_block import block, compaction_policy, expanded
-from gateway.context.native import plan, planned_policy
+from gateway.context.native import plan, planned_policy, preferred, responses_plan
 from gateway.context.restore import has_refs, with_restore_tool
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.http.headers import POLICY_HEADER, policy_from_header
@@ -38,7 +38,7 @@ from pipelines import (
     StoreError,
     conversation_id,
 )
-from pipelines.budget import BUDGET_FLOOR
+from pipelines.budget import BUDGET_FLOOR, Budget
 from pipelines.native import Compact, NativePlan
 from pipelines.ports import Rendering, Summaries
 
@@ -122,7 +122,8 @@ async def compact(
     restore_tool: bool = True,
     history_seen: bool = True,
     render: Rendering | None = None,
-    native_api: Literal["messages", "chat"] | None = None,
+    native_api: Literal["messages", "chat", "responses"] | None = None,
+    management: Any = None,
 ) -> ChatRequest:
     """``body``, an OpenAI chat request (as received in ``raw`` when it came as one),
     compacted under its policy, with where it goes (``ChatRequest.target``, resolved here
@@ -132,9 +133,10 @@ async def compact(
     that continues a history the upstream keeps) the request is kept to hygiene (policy
     mode ``off``): what the gateway cannot see, it cannot compact. ``render`` stores a
     run of removed messages in the client's own form (``pipelines.ports.Rendering``).
-    ``native_api`` names the client API whose Anthropic-style ``context_management`` the
-    request may carry (``gateway.context.native``): on Messages to Claude the upstream
-    applies it, anywhere else the gateway does."""
+    ``native_api`` names the client API whose ``context_management`` the request may
+    carry (``gateway.context.native``): Anthropic's edits in the body (Messages to Claude:
+    the upstream applies them; anywhere else the gateway does), or on the Responses API
+    ``management``, the body's list."""
     caller = call.caller
     call.record.read(body)
     refuse_upstream_choice(body)
@@ -150,11 +152,8 @@ async def compact(
     target = None if dry_run else services.target(caller, model, call.headers)
     native = None
     if native_api is not None:
-        provider = target.provider if target is not None else services.upstream_for(model)
-        applies = native_api == "messages" and isinstance(provider, AnthropicUpstream)
-        upstream = "Anthropic" if isinstance(provider, AnthropicUpstream) else "the upstream"
-        native = plan(body, policy, upstream_applies=applies, upstream=upstream)
-        policy = planned_policy(policy, native, blocks=native_api == "messages")
+        native = _native_plan(services, native_api, body, management, policy, target, history_seen)
+        policy = planned_policy(policy, native, blocks=native_api != "chat")
         if native_api == "messages":
             ours_only = native is not None and native.polyfilled
             body = await expanded(
@@ -207,6 +206,34 @@ async def compact(
         native=native,
         compaction=compaction,
     )
+
+
+def _native_plan(
+    services: Services,
+    api: str,
+    body: Mapping[str, Any],
+    management: Any,
+    policy: Policy,
+    target: Target | None,
+    history_seen: bool,
+) -> NativePlan | None:
+    """What the request's native context management asks of the gateway, or what the
+    policy's ``native=prefer`` asks of the provider (``gateway.context.native``)."""
+    model = str(body.get("model", ""))
+    provider = target.provider if target is not None else services.upstream_for(model)
+    anthropic = isinstance(provider, AnthropicUpstream)
+    if api == "responses":
+        native = responses_plan(management, policy)
+    else:
+        upstream = "Anthropic" if anthropic else "the upstream"
+        native = plan(
+            body, policy, upstream_applies=api == "messages" and anthropic, upstream=upstream
+        )
+    if native is not None:
+        return native
+    compacts = (api == "messages" and anthropic) or (api == "responses" and history_seen)
+    budget = Budget.for_request(services.pipeline.catalog.lookup(model), policy, body)
+    return preferred(api, provider_compacts=compacts, budget=budget.input_tokens, policy=policy)
 
 
 def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact | None:

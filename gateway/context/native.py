@@ -33,19 +33,35 @@ from gateway.errors import InvalidRequest
 from gateway.http.sse import event_data
 from pipelines import Policy
 from pipelines.budget import BUDGET_FLOOR
-from pipelines.native import NativeEditError, NativePlan, parse_edits, stepped_back
+from pipelines.native import (
+    COMPACT,
+    Compact,
+    NativeEditError,
+    NativeEdits,
+    NativePlan,
+    parse_edits,
+    stepped_back,
+)
 
 __all__ = [
+    "COMPACT_BETA",
     "FIELD",
     "applied_chunks",
     "applied_events",
     "plan",
     "planned_policy",
+    "preferred",
+    "preferred_field",
+    "responses_plan",
     "with_applied_edits",
     "without_field",
 ]
 
 FIELD: Final = "context_management"
+COMPACT_BETA: Final = "compact-2026-01-12"
+MIN_PROVIDER_TRIGGER: Final = 50_000
+"""The least trigger a provider's compaction takes (Anthropic's ``compact_20260112``):
+below it, ``prefer`` leaves compaction to the gateway."""
 
 
 def plan(
@@ -74,6 +90,59 @@ def plan(
         raise InvalidRequest(str(exc), code="invalid_request_error", param=exc.param) from exc
     reason = f"{upstream} has no context_management; the gateway applies the edits itself"
     return NativePlan("polyfill", edits, reason)
+
+
+def responses_plan(management: Any, policy: Policy) -> NativePlan | None:
+    """What the pipeline does about a Responses request's ``context_management`` (a list
+    of ``{"type": "compaction", "compact_threshold": n}``): the upstream's Responses API
+    compacts itself, so ``honour``; ``None`` when there is none or the policy says
+    ``off``. A list the API would refuse goes up as it is, for its 400."""
+    if not isinstance(management, list) or not management or policy.native == "off":
+        return None
+    thresholds = [
+        entry.get("compact_threshold")
+        for entry in management
+        if isinstance(entry, Mapping) and entry.get("type") == "compaction"
+    ]
+    if not thresholds:
+        return None
+    threshold = thresholds[0]
+    trigger = threshold if isinstance(threshold, int) and threshold > 0 else None
+    edits = NativeEdits(compact=Compact(trigger) if trigger is not None else Compact())
+    reason = "the upstream's Responses API compacts itself; the request goes up with it"
+    return NativePlan("honour", edits, reason, api="openai")
+
+
+def preferred(
+    api: str, *, provider_compacts: bool, budget: int, policy: Policy
+) -> NativePlan | None:
+    """With the policy's ``native=prefer``, for a request that asks for no compaction of
+    its own: the provider's compaction, asked at the gateway's own ``trigger`` of the
+    budget, when the provider compacts server-side and the client can send its
+    compaction back (Messages to Claude, stateless Responses) and the trigger is at
+    least the API's least (``MIN_PROVIDER_TRIGGER``)."""
+    if policy.native != "prefer" or not provider_compacts:
+        return None
+    trigger = int(policy.trigger * budget)
+    if trigger < MIN_PROVIDER_TRIGGER:
+        return None
+    reason = (
+        f"policy native=prefer: the provider is asked to compact from {trigger:,} input tokens"
+        " instead of the gateway's own summary"
+    )
+    edits = NativeEdits(compact=Compact(trigger))
+    return NativePlan("prefer", edits, reason, api="openai" if api == "responses" else "anthropic")
+
+
+def preferred_field(native: NativePlan) -> Any:
+    """The ``context_management`` that asks the provider for ``native``'s compaction, in
+    the plan's API: Anthropic's edit, or the Responses API's list."""
+    compact = native.edits.compact
+    assert compact is not None
+    if native.api == "openai":
+        return [{"type": "compaction", "compact_threshold": compact.trigger}]
+    trigger = {"type": "input_tokens", "value": compact.trigger}
+    return {"edits": [{"type": COMPACT, "trigger": trigger}]}
 
 
 def planned_policy(policy: Policy, native: NativePlan | None, *, blocks: bool) -> Policy:

@@ -18,7 +18,7 @@ from gateway.context.compaction import compact
 from gateway.context.native import without_field
 from gateway.http.headers import report_headers
 from gateway.routes.calls import received
-from gateway.routes.responses import compacted
+from gateway.routes.responses import compacted, with_preferred
 
 __all__ = ["compact_dry_run"]
 
@@ -32,7 +32,8 @@ async def compact_dry_run(request: Request[Any, Any, Any]) -> ASGIResponse:
     if "input" in body and "messages" not in body:
         inbound = from_body(body)
         chat = await compacted(gateway, call, inbound, dry_run=True)
-        sent = to_request(chat.result.request, inbound.native, inbound.messages)
+        preferred = with_preferred(inbound, chat)
+        sent = to_request(chat.result.request, preferred.native, inbound.messages)
     else:
         chat = await compact(
             gateway, call, parse_chat_request(raw), raw=raw, dry_run=True, native_api="chat"

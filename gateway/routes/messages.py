@@ -42,6 +42,7 @@ from gateway.codecs.messages_openai import (
 from gateway.context.answer import answer
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
 from gateway.context.compaction_block import block_events, paused, paused_events, with_block
+from gateway.context.native import COMPACT_BETA, FIELD, preferred_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.headers import report_headers
@@ -99,6 +100,9 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     native, headers = inbound.native, target.headers
     if info.thinking_bound and chat.rewritten:
         native, headers = _unbound(native, headers, chat)
+    if chat.native is not None and chat.native.mode == "prefer":
+        native = {**native, FIELD: preferred_field(chat.native)}
+        headers = with_beta(headers, COMPACT_BETA)
 
     def request_for(outgoing: Mapping[str, Any]) -> dict[str, Any]:
         return to_request(outgoing, native, default_max_tokens=info.output_reserve)

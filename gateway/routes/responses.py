@@ -18,6 +18,7 @@ delete) are relayed (``gateway.routes.passthrough``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -29,6 +30,7 @@ from gateway.context.answer import answer
 from gateway.context.call import Call, Services
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
 from gateway.context.exchange import Buffered
+from gateway.context.native import FIELD, preferred_field
 from gateway.context.wires import ResponsesWire
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.http.responses import last_sequence_number, responses_error_event
@@ -37,7 +39,7 @@ from gateway.providers.anthropic import AnthropicUpstream
 from gateway.routes.answers import respond
 from gateway.routes.calls import received
 
-__all__ = ["compacted", "responses", "wire_for"]
+__all__ = ["compacted", "responses", "wire_for", "with_preferred"]
 
 
 @post("/v1/responses", status_code=200)
@@ -75,6 +77,8 @@ async def compacted(
         call,
         inbound.chat,
         dry_run=dry_run,
+        native_api="responses",
+        management=inbound.native.get(FIELD),
         # The restore tool only where no response is stored: a stored id would name a
         # restore round the client never saw (gateway.context.restore.responses).
         restore_tool=restore_tool and not inbound.stateful and inbound.native.get("store") is False,
@@ -92,14 +96,23 @@ async def compacted(
     return chat
 
 
+def with_preferred(inbound: InboundRequest, chat: ChatRequest) -> InboundRequest:
+    """``inbound`` asking the upstream for its compaction when the policy prefers it
+    (``gateway.context.native``)."""
+    if chat.native is None or chat.native.mode != "prefer":
+        return inbound
+    return replace(inbound, native={**inbound.native, FIELD: preferred_field(chat.native)})
+
+
 def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> ResponsesWire:
     """The Responses wire for ``chat``: ``raw`` sent as it came when the pipeline changed
-    nothing and the gateway added no tool."""
+    nothing and the gateway added nothing (a tool, the provider's compaction)."""
     target = chat.target
     assert target is not None
     assert not isinstance(target.provider, AnthropicUpstream)
     result = chat.result
-    as_sent = not result.changed and not chat.restore_tool
+    preferring = inbound is not (inbound := with_preferred(inbound, chat))
+    as_sent = not result.changed and not chat.restore_tool and not preferring
     unchanged = (result.request, raw) if raw is not None and as_sent else None
     return ResponsesWire(target.provider, partial(_request, inbound), unchanged)
 

@@ -81,7 +81,7 @@ from gateway.errors import (
     envelope_of,
 )
 from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
-from gateway.routes.responses import compacted
+from gateway.routes.responses import compacted, with_preferred
 from gateway.runtime import Gateway
 from gateway.store.redis import namespace_id
 from gateway.tenancy.auth import Caller, identify
@@ -385,7 +385,8 @@ class _Connection:
             chat = response.chat = await compacted(self.gateway, call, inbound, restore_tool=False)
             record.report, record.attempts = chat.result.report, 1
             if chat.result.changed or rebuilt:
-                sent = to_request(chat.result.request, inbound.native, inbound.messages)
+                preferred = with_preferred(inbound, chat)
+                sent = to_request(chat.result.request, preferred.native, inbound.messages)
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()
             response.sent = True

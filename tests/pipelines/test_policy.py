@@ -31,6 +31,7 @@ def test_defaults_are_the_documented_ones() -> None:
         "summary-timeout": 20.0,
         "offload-ttl": 86_400,
         "cache-markers": True,
+        "native": "honour",
     }
 
 
