@@ -5,8 +5,10 @@ model, system prompt or tools changed, a compaction rewrote the prefix, or the c
 ran out since the previous request) and records the cause in its report. After the answer,
 the provider's usage tells whether the cache reads really fell (``observed_break``: by more
 than 5% and at least 2,000 tokens against the previous request). A break is counted once
-per request, with the predicted cause, or ``unknown`` when only the usage shows it; where the
-provider reports no cache reads, the prediction stands alone.
+per request, with the predicted cause, ``native`` when the provider edits the context itself
+(the client's ``context_management`` honoured, or its compaction preferred: a known prefix
+change), or ``unknown`` when only the usage shows it; where the provider reports no cache
+reads, the prediction stands alone.
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ def cache_break(chat: ChatRequest, usage: dict[str, Any] | None) -> str | None:
     if previous is None or cached is None:
         return predicted
     if observed_break(previous, cached):
-        return predicted or "unknown"
+        return predicted or ("native" if _provider_edits(chat) else "unknown")
     return None
+
+
+def _provider_edits(chat: ChatRequest) -> bool:
+    """Whether the provider edits this request's context itself (the client's native
+    context management honoured, or the provider's compaction preferred): a fall in its
+    cache reads is then the edit's known prefix change, not a surprise."""
+    native = chat.native
+    return native is not None and native.mode in ("honour", "prefer") and bool(native.edits)
 
 
 def note_cache_break(

@@ -154,6 +154,8 @@ async def compact(
     if native_api is not None:
         native = _native_plan(services, native_api, body, management, policy, target, history_seen)
         policy = planned_policy(policy, native, blocks=native_api != "chat")
+        if native is not None and not dry_run:
+            _note_native(services, native)
         if native_api == "messages":
             ours_only = native is not None and native.polyfilled
             body = await expanded(
@@ -234,6 +236,19 @@ def _native_plan(
     compacts = (api == "messages" and anthropic) or (api == "responses" and history_seen)
     budget = Budget.for_request(services.pipeline.catalog.lookup(model), policy, body)
     return preferred(api, provider_compacts=compacts, budget=budget.input_tokens, policy=policy)
+
+
+def _note_native(services: Services, native: NativePlan) -> None:
+    """Count the request's native edits and name them on its span, apart from the
+    gateway's own stages."""
+    edits = (
+        native.edits.kinds if native.api == "anthropic" else ("compaction",) * bool(native.edits)
+    )
+    for edit in edits:
+        services.metrics.native_edits.labels(edit=edit, mode=native.mode).inc()
+    span = trace.get_current_span()
+    span.set_attribute("contextgate.native.mode", native.mode)
+    span.set_attribute("contextgate.native.edits", list(edits))
 
 
 def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact | None:

@@ -104,6 +104,7 @@ class Metrics:
         "compaction_tokens",
         "in_flight",
         "limiter_fail_open",
+        "native_edits",
         "rate_limited",
         "registry",
         "request_duration",
@@ -196,11 +197,23 @@ class Metrics:
             registry=registry,
         )
 
+        # Native context management (gateway.context.compaction)
+        self.native_edits = Counter(
+            "contextgate_native_edits",
+            "Provider-native context edits requested, by edit (clear_tool_uses_20250919,"
+            " clear_thinking_20251015, compact_20260112, or the Responses API's compaction)"
+            " and by who applies them: honour (the provider, as the client asked), polyfill"
+            " (the gateway, where the provider cannot), prefer (the provider, asked by the"
+            " gateway's policy).",
+            ["edit", "mode"],
+            registry=registry,
+        )
+
         # Prompt cache (gateway.context.cache_breaks)
         self.cache_breaks = Counter(
             "contextgate_cache_breaks",
             "Requests that broke the provider's prompt cache of their conversation, by cause"
-            " (model, system, tools, compaction, ttl, unknown).",
+            " (model, system, tools, compaction, ttl, native, unknown).",
             ["cause"],
             registry=registry,
         )
