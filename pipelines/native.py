@@ -20,8 +20,8 @@ What the pipeline does with them is a ``NativePlan``, decided by the host, which
 upstream, under the policy's ``native`` key:
 
 - ``honour``: the upstream applies them. The request goes up with them as sent, and the
-  pipeline steps back from what the client delegated (``stepped_back``): no compaction of
-  its own below the budget's edge when the client asked for compaction, no tool output
+  pipeline steps back from what the client delegated (``stepped_back``): no compaction or
+  pruning of its own below the budget's edge when the client asked for compaction, no tool output
   filtered or pruned when it asked for tool uses to be cleared, no thinking dropped when it
   asked for thinking to be cleared. Hygiene and the budget guards stay on.
 - ``polyfill``: the upstream cannot apply them, so the pipeline does (the ``native_edits``
@@ -190,13 +190,15 @@ def parse_edits(management: Any) -> NativeEdits:
 
 def stepped_back(policy: Policy, edits: NativeEdits) -> Policy:
     """``policy`` without what the client delegated to the provider: the gateway's own
-    compaction waits for the budget's edge (``emergency``) when the client asked for
-    compaction; tool outputs are neither filtered nor pruned when it asked for tool uses
-    to be cleared (the edit decides what goes, and when)."""
+    compaction (and its pruning of old tool outputs on a cold cache) waits for the
+    budget's edge (``emergency``) when the client asked for compaction; tool outputs are
+    neither filtered nor pruned when it asked for tool uses to be cleared (the edit
+    decides what goes, and when)."""
     changes: dict[str, Any] = {}
     if edits.compact is not None:
         edge = policy.emergency
         changes.update(prepare=edge, light=edge, trigger=max(edge, policy.target + 0.01))
+        changes.update(soft_ratio=1.0, hard_ratio=1.0)
     if edits.clear_tool_uses is not None:
         changes.update(filter_tokens=1_000_000, soft_ratio=1.0, hard_ratio=1.0)
     return replace(policy, **changes) if changes else policy

@@ -186,7 +186,7 @@ async def compact(
     compaction = None
     due = _compaction_due(native, result) if native_api == "messages" else None
     if due is not None and history_seen:
-        policy = compaction_policy(policy, _edited_tokens(result))
+        policy = compaction_policy(policy, _edited_tokens(result), due.trigger)
         result, tooled, content = await _compact_with_restore_tool(
             services, raw, body, policy, state, namespace, conversation, summaries, render, native
         )

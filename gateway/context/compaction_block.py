@@ -58,14 +58,18 @@ MARK: Final = "contextgate.compaction.v1:"
 _DEEP: Final = 0.8
 """The utilisation a compaction runs the pipeline at: full compaction (``trigger``),
 short of the emergency's deterministic shortening, so that a summary model is asked."""
+_LEAST_TARGET: Final = 0.05
+"""The least ``target`` a policy takes."""
 _GATEWAY_TEXTS: Final = ("[Recalled context:", "[Context note:")
 
 
-def compaction_policy(policy: Policy, tokens: int) -> Policy:
-    """``policy`` for compacting a request of ``tokens`` now: a budget it fills to 80%
-    (full compaction), aiming for a fifth of that budget with a tenth kept verbatim at
-    the end."""
+def compaction_policy(policy: Policy, tokens: int, trigger: int) -> Policy:
+    """``policy`` for compacting a request of ``tokens`` now, whose client compacts from
+    ``trigger`` tokens: a budget the request fills to 80% (full compaction), aiming for a
+    quarter of the request or half the trigger, whichever is less, so that the next
+    requests do not compact again at once; the verbatim tail half of that aim."""
     budget = max(BUDGET_FLOOR, int(tokens / _DEEP) + 1)
+    aim = max(_LEAST_TARGET, min(tokens / 4, trigger / 2) / budget)
     return replace(
         policy,
         max_input=budget,
@@ -73,8 +77,8 @@ def compaction_policy(policy: Policy, tokens: int) -> Policy:
         light=0.7,
         trigger=0.7,
         emergency=0.95,
-        target=0.2,
-        tail_ratio=min(policy.tail_ratio, 0.1),
+        target=round(aim, 4),
+        tail_ratio=round(min(policy.tail_ratio, aim / 2), 4),
     )
 
 
