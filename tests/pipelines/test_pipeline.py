@@ -87,3 +87,42 @@ async def test_module_compact_with_io_shares_token_caches() -> None:
     await compact(request, store=Store())
     assert default_counter.misses == misses
     assert default_counter.hits > hits
+
+
+class _Objects:
+    """An offload store in a dict."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
+        ref = f"ctx_{len(self.objects):024d}"
+        self.objects[ref] = content
+        return ref
+
+    async def get(self, namespace: str, ref: str) -> bytes | None:
+        return self.objects.get(ref)
+
+
+async def test_a_providers_compaction_block_is_pinned_through_every_stage() -> None:
+    """A conversation that carries a provider's compaction block (Anthropic's, sent back by
+    the client), compacted hard under a tight budget, emergency included: the message that
+    holds the block reaches the upstream as it came, after the opening it follows."""
+    block = {"type": "compaction", "content": "Summary so far.", "encrypted_content": "EqQ" * 400}
+    holder = {"role": "assistant", "content": [block, {"type": "text", "text": "Carrying on."}]}
+    messages: list[dict[str, object]] = [{"role": "user", "content": "Start the audit."}]
+    for step in range(30):
+        messages.append({"role": "assistant", "content": f"Looking at part {step}. " * 40})
+        messages.append({"role": "user", "content": f"Part {step} looks like this: " + "x " * 400})
+        if step == 5:
+            messages.append(holder)
+            messages.append({"role": "user", "content": "Go on."})
+    request = {"model": "gpt-4o", "messages": messages}
+    for max_input in (20_000, 6_000):
+        result = await Pipeline(store=_Objects()).compact(
+            request, policy=Policy(max_input=max_input, mode="truncate")
+        )
+        assert result.changed
+        sent = result.request["messages"]
+        assert sum(message == holder for message in sent) == 1
+        assert sent.index(holder) > sent.index(messages[0])
