@@ -29,6 +29,7 @@ from pipelines.messages import Message
 
 __all__ = [
     "HOT_HIT_RATE",
+    "NATIVE_EDITS",
     "ConversationState",
     "cache_status",
     "conversation_id",
@@ -39,6 +40,9 @@ HOT_HIT_RATE: Final = 0.35
 """Provider cache-hit rate at or above which the cache is taken to be working."""
 COLD_HIT_RATE: Final = 0.12
 """Hit rate under which, on a stable sample, the cache is taken not to be working."""
+NATIVE_EDITS: Final = "native_edits"
+"""The key of a usage dict (the host's) that counts the context edits the provider applied
+to the request (``context_management.applied_edits``, compactions)."""
 ANSWER_IDS: Final = 16
 """Answer ids a conversation's record keeps."""
 _STABLE_CALLS: Final = 2
@@ -107,6 +111,11 @@ class ConversationState:
     ``sent_prompt_messages`` messages have the same digest extends that prompt."""
     sent_prompt_messages: int = 0
     """How many messages ``sent_prompt`` covers."""
+    native_edits: int = 0
+    """Context edits applied to this conversation's requests so far at the client's asking
+    (``context_management``): by the provider (its ``applied_edits`` and compactions, as
+    its answers report them) or by the gateway for it. The prefix changes they made are
+    known ones (``gateway.context.cache_breaks``)."""
     answer_ids: tuple[str, ...] = ()
     """The ids the upstream gave the conversation's last answers (at most
     ``ANSWER_IDS``), oldest first: an answer translated for another API gets an id of the
@@ -153,10 +162,14 @@ class ConversationState:
         at: float,
         usage: Mapping[str, Any] | None = None,
         answer_id: str | None = None,
+        edits: int = 0,
     ) -> ConversationState:
         """This state after a request sent upstream at ``at`` with ``usage`` reported and
-        its answer's id ``answer_id``."""
+        its answer's id ``answer_id``; ``edits``: the native edits the gateway applied to it
+        (those the provider applied are in ``usage``)."""
         prompt, cached = usage_of(usage)
+        provider = usage.get(NATIVE_EDITS) if usage is not None else None
+        edits += provider if isinstance(provider, int) else 0
         ids = self.answer_ids
         if answer_id:
             ids = (*ids, answer_id)[-ANSWER_IDS:]
@@ -167,6 +180,7 @@ class ConversationState:
             prompt_tokens=prompt,
             cached_tokens=cached,
             answer_ids=ids,
+            native_edits=self.native_edits + edits,
         )
 
     def with_restore_tool(self) -> ConversationState:

@@ -273,7 +273,10 @@ class _Sent:
         record = self.call.record
         record.answered, record.usage, record.cache_break = True, usage, cause
         chat = self.chat
-        state = chat.result.state.answered(at=self.sent_at, usage=usage, answer_id=answer_id)
+        edits = len(chat.result.report.applied_edits) + (chat.compaction is not None)
+        state = chat.result.state.answered(
+            at=self.sent_at, usage=usage, answer_id=answer_id, edits=edits
+        )
         if self.restorer is not None:
             state = state.with_restore_tool()
         self.services.remember(chat.namespace, chat.conversation, state)

@@ -27,6 +27,7 @@ from gateway.context.restore import responses as restore_responses
 from gateway.http.sse import event_data
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import ChatUpstream, json_answer
+from pipelines.session import NATIVE_EDITS
 
 __all__ = ["ChatWire", "MessagesWire", "ResponsesWire"]
 
@@ -201,8 +202,14 @@ class MessagesWire:
         return restore_messages.stream(first, events, restorer, resend)
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
-        usage = _usage(body)
-        return _with_writes(usage) if usage is not None else None
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return _with_writes(usage, _applied_edits(data.get("context_management")))
 
     def answer_id(self, body: bytes) -> str | None:
         return _answer_id(body)
@@ -301,15 +308,16 @@ class _EventUsage:
     """A Messages stream's usage: ``message_start`` gives the input side (and the id),
     each ``message_delta`` updates it; kept in Anthropic form, read in OpenAI form."""
 
-    __slots__ = ("_usage", "answer_id")
+    __slots__ = ("_applied", "_usage", "answer_id")
 
     def __init__(self) -> None:
         self._usage: dict[str, Any] = {}
+        self._applied = 0
         self.answer_id: str | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return _with_writes(self._usage) if self._usage else None
+        return _with_writes(self._usage, self._applied) if self._usage else None
 
     def add(self, event: bytes) -> None:
         if b'"usage"' not in event:
@@ -327,15 +335,32 @@ class _EventUsage:
             self.answer_id = found if isinstance(found, str) else ""
         else:
             usage = data.get("usage")
+            self._applied = _applied_edits(data.get("context_management")) or self._applied
         if isinstance(usage, dict):
             self._usage.update({k: v for k, v in usage.items() if v is not None})
 
 
-def _with_writes(usage: Mapping[str, Any]) -> dict[str, Any]:
+def _with_writes(usage: Mapping[str, Any], applied: int = 0) -> dict[str, Any]:
     """The OpenAI-form usage of Anthropic ``usage``, with its cache writes kept as
     ``cache_creation_input_tokens`` (LiteLLM's name) for the token metrics: the OpenAI form
-    folds them into ``prompt_tokens``."""
+    folds them into ``prompt_tokens``; and, as ``native_edits``, the context edits the
+    provider applied (``applied`` from its ``context_management``, and each compaction in
+    its ``iterations``) for the conversation's record."""
     converted = usage_of(usage)
     written = usage.get("cache_creation_input_tokens")
     converted["cache_creation_input_tokens"] = written if isinstance(written, int) else 0
+    iterations = usage.get("iterations")
+    compactions = sum(
+        1
+        for entry in (iterations if isinstance(iterations, list) else ())
+        if isinstance(entry, dict) and entry.get("type") == "compaction"
+    )
+    if applied or compactions:
+        converted[NATIVE_EDITS] = applied + compactions
     return converted
+
+
+def _applied_edits(management: Any) -> int:
+    """How many edits an answer's ``context_management`` reports applied."""
+    edits = management.get("applied_edits") if isinstance(management, dict) else None
+    return len(edits) if isinstance(edits, list) else 0

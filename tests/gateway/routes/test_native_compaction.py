@@ -6,7 +6,9 @@ Responses API."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -380,3 +382,50 @@ def test_responses_compaction_is_honoured_and_preferred(
     assert report["native"]["mode"] == "honour"
     assert report["native"]["api"] == "openai"
     assert report["native"]["reason"]
+
+
+def record_of(gateway: GatewayServer, key: str, conversation: str) -> Any:
+    """The conversation's record as the gateway keeps it (written in the background)."""
+    stores = gateway.app.state.gateway.stores
+
+    async def read() -> Any:
+        namespace = await stores.namespace_of(key)
+        return await stores.conversations.get(namespace, "client:" + conversation)
+
+    deadline = time.monotonic() + 5
+    while (state := asyncio.run(read())) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return state
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_conversations_record_counts_the_edits_applied(
+    models: Models, client: anthropic.Anthropic, anthropic_gateway: GatewayServer, stream: bool
+) -> None:
+    """The edits applied to a conversation's context, by Claude (its applied edits and
+    compaction, read from its answer, streamed or not) or by the gateway for a model that
+    cannot, are kept in the conversation's record: known prefix changes."""
+    management = {
+        "edits": [
+            {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 4}},
+            {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 1_000}},
+        ]
+    }
+    for model, applied in (("claude-sonnet-4-6", 2), ("gpt-4o", 2)):
+        name = f"native-{model}-{stream}"
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "max_tokens": 200,
+            "messages": history(12),
+            "betas": BETAS,
+            "context_management": management,
+            "extra_headers": {"x-contextgate-conversation": name},
+        }
+        if stream:
+            with client.beta.messages.stream(**kwargs) as streamed:
+                streamed.get_final_message()
+        else:
+            client.beta.messages.create(**kwargs)
+        state = record_of(anthropic_gateway, "sk-ant-mine", name)
+        assert state is not None
+        assert state.native_edits == applied, model
