@@ -42,7 +42,7 @@ from gateway.codecs.messages_openai import (
 from gateway.context.answer import answer
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
 from gateway.context.compaction_block import block_events, paused, paused_events, with_block
-from gateway.context.native import COMPACT_BETA, FIELD, preferred_field
+from gateway.context.native import COMPACT_BETA, FIELD, preferred_field, without_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.headers import report_headers
@@ -125,7 +125,11 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     if not isinstance(gateway.upstream_for(model), AnthropicUpstream):
         counted: dict[str, Any] = {"input_tokens": report.tokens_after}
         if chat.native is not None and chat.native.polyfilled:
-            counted["context_management"] = {"original_input_tokens": report.tokens_before}
+            # Without its edits the request is another one (no refs, so no restore tool
+            # added for them): counted as such.
+            plain = await compact(gateway, call, without_field(inbound.chat), dry_run=True)
+            original = plain.result.report.tokens_after
+            counted["context_management"] = {"original_input_tokens": original}
         body = orjson.dumps(counted)
         return ASGIResponse(body=body, media_type="application/json", headers=ours)
     target = gateway.target(call.caller, model, call.headers)

@@ -36,6 +36,9 @@ from pipelines.stage import StageContext
 __all__ = ["NativeEdits", "cleared_placeholder"]
 
 _REFS_KEPT: Final = 4_096
+_SAMPLE_REF: Final = "ctx_FNHy43GQUKimepCWtDjuhAj3"
+"""A ref as long as real ones, to count a placeholder before its content is stored."""
+_SAMPLE_INPUT: Final = '{"cleared_to_save_context":"ctx_FNHy43GQUKimepCWtDjuhAj3"}'
 _THINKING_PARTS: Final = frozenset({"thinking", "redacted_thinking"})
 _THINKING_KEYS: Final = ("thinking_blocks", "reasoning_content")
 
@@ -99,14 +102,14 @@ class NativeEdits:
             for index, message in enumerate(messages)
             if message.get("role") == "tool"
         }
-        older = uses[: len(uses) - edit.keep] if edit.keep else uses
+        older = uses[: max(0, len(uses) - edit.keep)]
         chosen = [(i, c) for i, c in older if _tool_name(c) not in edit.exclude_tools]
-        estimate = sum(
-            ctx.tokens.message(messages[results[call.get("id")]])
+        saving = sum(
+            _saving(messages[results[call.get("id")]], _tool_name(call), ctx)
             for _, call in chosen
             if call.get("id") in results
         )
-        if not chosen or estimate < edit.clear_at_least:
+        if not chosen or saving < edit.clear_at_least:
             return []
         cleared = tokens = 0
         for index, call in chosen:
@@ -119,8 +122,7 @@ class NativeEdits:
             ref = await self._stored(ctx, original_bytes(received))
             if ref is None:
                 continue
-            size = len(original_bytes(received))
-            new = {**result, "content": cleared_placeholder(name, size, ref)}
+            new = {**result, "content": cleared_placeholder(name, _characters(received), ref)}
             tokens += ctx.tokens.message(result) - ctx.tokens.message(new)
             messages[result_at] = new
             cleared += 1
@@ -128,9 +130,10 @@ class NativeEdits:
                 tokens += await self._clear_input(messages, index, call, ctx)
         if not cleared:
             return []
-        return [
-            {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared, "cleared_input_tokens": tokens}
-        ]
+        # A result shorter than its placeholder grows when cleared (the API's placeholder
+        # is shorter): cleared all the same, as the API would, and counted as no saving.
+        edit_report = {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared}
+        return [{**edit_report, "cleared_input_tokens": max(0, tokens)}]
 
     async def _clear_input(
         self, messages: list[Message], index: int, call: dict[str, Any], ctx: StageContext
@@ -139,8 +142,8 @@ class NativeEdits:
         first); the tokens it saved."""
         function = call.get("function") or {}
         arguments = function.get("arguments")
-        if not isinstance(arguments, str) or arguments in ("", "{}"):
-            return 0
+        if not isinstance(arguments, str) or len(arguments) <= len(_SAMPLE_INPUT):
+            return 0  # as short as its placeholder: nothing to save
         ref = await self._stored(ctx, arguments.encode())
         if ref is None:
             return 0
@@ -181,7 +184,7 @@ def _clear_thinking(
     if edit.keep is None:
         return []
     turns = [i for i, m in enumerate(messages) if _thinks(m)]
-    older = turns[: len(turns) - edit.keep] if edit.keep else turns
+    older = turns[: max(0, len(turns) - edit.keep)]
     tokens = 0
     for index in older:
         message = messages[index]
@@ -205,6 +208,18 @@ def _clear_thinking(
             "cleared_input_tokens": tokens,
         }
     ]
+
+
+def _saving(result: Message, name: str, ctx: StageContext) -> int:
+    """The tokens clearing ``result`` would save (its placeholder counted with a ref as
+    long as a real one)."""
+    placeholder = cleared_placeholder(name, _characters(result), _SAMPLE_REF)
+    return ctx.tokens.message(result) - ctx.tokens.message({**result, "content": placeholder})
+
+
+def _characters(message: Message) -> int:
+    """The size of a message's content as offloaded, in characters."""
+    return len(original_bytes(message).decode(errors="replace"))
 
 
 def _thinks(message: Message) -> bool:

@@ -51,6 +51,7 @@ async def test_a_stream_closed_before_it_started_still_stores_the_record(
 
     class Chat:
         namespace, conversation, result, state = "ns", "conv", Result(), None
+        native = compaction = None
 
     record = RequestRecord("cg-test")
     call = Call({}, None, record, None, 0.0)  # type: ignore[arg-type]
