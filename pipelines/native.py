@@ -138,6 +138,9 @@ class NativePlan:
     """Why this mode, in a sentence for the dry run's report."""
     api: Literal["anthropic", "openai"] = "anthropic"
     """Whose context management: Anthropic's edits, or the Responses API's compaction."""
+    host_tools: frozenset[str] = frozenset()
+    """Tools the host adds to the client's request (the gateway's restore tool): not the
+    client's, so not counted against its input-tokens triggers."""
 
     @property
     def polyfilled(self) -> bool:

@@ -262,10 +262,14 @@ def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact
 
 def _edited_tokens(result: CompactResult) -> int:
     """The request's tokens once the client's other edits are applied: what its
-    compaction trigger is compared with, as the API applies the edits in turn."""
+    compaction trigger is compared with, as the API applies the edits in turn (the
+    client's request: without the tools the gateway added)."""
     report = result.report
     stage = report.stage("native_edits")
-    return stage.tokens_after if stage is not None else report.tokens_before
+    received = stage.details.get("input_tokens") if stage is not None else None
+    if stage is None or not isinstance(received, int):
+        return report.tokens_before
+    return received - (stage.tokens_before - stage.tokens_after)
 
 
 async def _block(

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.context.restore import RESTORE_TOOL_NAME
 from gateway.errors import InvalidRequest
 from gateway.http.sse import event_data
 from pipelines import Policy
@@ -89,7 +90,7 @@ def plan(
     except NativeEditError as exc:
         raise InvalidRequest(str(exc), code="invalid_request_error", param=exc.param) from exc
     reason = f"{upstream} has no context_management; the gateway applies the edits itself"
-    return NativePlan("polyfill", edits, reason)
+    return NativePlan("polyfill", edits, reason, host_tools=frozenset({RESTORE_TOOL_NAME}))
 
 
 def responses_plan(management: Any, policy: Policy) -> NativePlan | None:

@@ -42,7 +42,7 @@ from gateway.codecs.messages_openai import (
 from gateway.context.answer import answer
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
 from gateway.context.compaction_block import block_events, paused, paused_events, with_block
-from gateway.context.native import COMPACT_BETA, FIELD, preferred_field, without_field
+from gateway.context.native import COMPACT_BETA, FIELD, preferred_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
 from gateway.http.headers import report_headers
@@ -52,6 +52,7 @@ from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
 from gateway.routes.answers import Translation, reporting_edits, respond
 from gateway.routes.calls import received
+from pipelines import Report
 
 __all__ = ["count_tokens", "messages"]
 
@@ -125,11 +126,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     if not isinstance(gateway.upstream_for(model), AnthropicUpstream):
         counted: dict[str, Any] = {"input_tokens": report.tokens_after}
         if chat.native is not None and chat.native.polyfilled:
-            # Without its edits the request is another one (no refs, so no restore tool
-            # added for them): counted as such.
-            plain = await compact(gateway, call, without_field(inbound.chat), dry_run=True)
-            original = plain.result.report.tokens_after
-            counted["context_management"] = {"original_input_tokens": original}
+            counted["context_management"] = {"original_input_tokens": _original_tokens(report)}
         body = orjson.dumps(counted)
         return ASGIResponse(body=body, media_type="application/json", headers=ours)
     target = gateway.target(call.caller, model, call.headers)
@@ -142,6 +139,14 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     counted = {k: v for k, v in messages.items() if k in _COUNTED}
     response = await anthropic.count_tokens(orjson.dumps(counted), headers)
     return buffered_response(response, await anthropic.read_body(response), ours)
+
+
+def _original_tokens(report: Report) -> int:
+    """A polyfilled request's tokens before its edits, as its triggers saw them (the
+    client's request as sent: without the gateway's restore tool)."""
+    stage = report.stage("native_edits")
+    found = stage.details.get("input_tokens") if stage is not None else None
+    return found if isinstance(found, int) else report.tokens_before
 
 
 def _from_openai(seen: tuple[str, ...]) -> Translation:

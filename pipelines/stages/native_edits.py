@@ -85,36 +85,22 @@ class NativeEdits:
         conversation: Conversation,
         ctx: StageContext,
     ) -> list[dict[str, Any]]:
-        uses = [
-            (index, call)
-            for index, message in enumerate(messages)
-            if message.get("role") == "assistant"
-            for call in message.get("tool_calls") or ()
-            if isinstance(call, dict)
-        ]
-        over = (
-            len(uses) if edit.trigger_kind == "tool_uses" else ctx.tokens(conversation)
-        ) > edit.trigger
+        uses = _tool_uses(messages)
+        client_tokens = _input_tokens(conversation, ctx)
+        ctx.record(input_tokens=client_tokens)
+        over = (len(uses) if edit.trigger_kind == "tool_uses" else client_tokens) > edit.trigger
         if not over:
             return []
-        results = {
-            message.get("tool_call_id"): index
-            for index, message in enumerate(messages)
-            if message.get("role") == "tool"
-        }
         older = uses[: max(0, len(uses) - edit.keep)]
-        chosen = [(i, c) for i, c in older if _tool_name(c) not in edit.exclude_tools]
+        chosen = [use for use in older if _tool_name(use[1]) not in edit.exclude_tools]
         saving = sum(
-            _saving(messages[results[call.get("id")]], _tool_name(call), ctx)
-            for _, call in chosen
-            if call.get("id") in results
+            _saving(messages[at], _tool_name(call), ctx) for _, call, at in chosen if at is not None
         )
         if not chosen or saving < edit.clear_at_least:
             return []
         cleared = tokens = 0
-        for index, call in chosen:
+        for index, call, result_at in chosen:
             name = _tool_name(call)
-            result_at = results.get(call.get("id"))
             if result_at is None:
                 continue
             result = messages[result_at]
@@ -208,6 +194,41 @@ def _clear_thinking(
             "cleared_input_tokens": tokens,
         }
     ]
+
+
+def _tool_uses(messages: list[Message]) -> list[tuple[int, dict[str, Any], int | None]]:
+    """Every tool use, in order: its assistant message's index, the call, and the index of
+    its result (the tool message answering its id right after that assistant message; an
+    id used again later is another use with its own result)."""
+    uses: list[tuple[int, dict[str, Any], int | None]] = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant" or not message.get("tool_calls"):
+            continue
+        answers: dict[Any, int] = {}
+        after = index + 1
+        while after < len(messages) and messages[after].get("role") == "tool":
+            answers.setdefault(messages[after].get("tool_call_id"), after)
+            after += 1
+        uses.extend(
+            (index, call, answers.pop(call.get("id"), None))
+            for call in message["tool_calls"]
+            if isinstance(call, dict)
+        )
+    return uses
+
+
+def _input_tokens(conversation: Conversation, ctx: StageContext) -> int:
+    """The request's input tokens as the client sent it, which its input-tokens triggers
+    are compared with: without the tools the host added (``NativePlan.host_tools``: the
+    gateway's restore tool)."""
+    total = ctx.tokens(conversation)
+    plan, tools = ctx.native, conversation.tools
+    if plan is None or not plan.host_tools or not tools:
+        return total
+    own = [t for t in tools if _tool_name(t) not in plan.host_tools]
+    if len(own) == len(tools):
+        return total
+    return total - ctx.counter.count_tools(tools) + ctx.counter.count_tools(own)
 
 
 def _saving(result: Message, name: str, ctx: StageContext) -> int:

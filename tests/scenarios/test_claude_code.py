@@ -1,8 +1,15 @@
 """Claude Code itself (the pinned npm package, installed by ``make test``) through the
 gateway, run non-interactively as a user would (``claude -p``, ``--session-id`` then
-``--resume``), against the scripted models of ``tests.mock_models`` on loopback: a Claude
-that checks each request as Anthropic does, bills it on a prompt cache and binds its
-thinking to its prefix, and an OpenAI-compatible model behind ``/v1/messages``."""
+``--resume``, then ``--continue``), against the scripted models of ``tests.mock_models``
+on loopback: a Claude that checks each request as Anthropic does, bills it on a prompt
+cache, binds its thinking to its prefix and applies the request's context management as
+Anthropic's server does, and an OpenAI-compatible model behind ``/v1/messages``.
+
+With thinking on, Claude Code asks for context management on every request
+(``clear_thinking_20251015`` keeping all thinking, beta ``context-management-2025-06-27``)
+and reads the ``applied_edits`` of the answer's ``message_delta``: to Claude the gateway
+honours it (it goes up as sent), to an OpenAI-compatible model it applies it itself (it
+does not go up)."""
 
 from __future__ import annotations
 
@@ -38,11 +45,12 @@ class Exchange:
     body: bytes = b""
     status: int = 0
     headers: dict[str, str] = field(default_factory=dict)
+    answer: bytes = b""
 
 
 class Recorder:
-    """An ASGI middleware around the gateway keeping each request's body and the status and
-    headers of its answer: what Claude Code sent and got back."""
+    """An ASGI middleware around the gateway keeping each request's body and the status,
+    headers and body of its answer: what Claude Code sent and got back."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -65,6 +73,8 @@ class Recorder:
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]
                 exchange.headers = {k.decode(): v.decode() for k, v in message["headers"]}
+            elif message["type"] == "http.response.body":
+                exchange.answer += message.get("body", b"")
             await send(message)
 
         await self.app(scope, receiving, sending)
@@ -176,6 +186,9 @@ PROMPTS = [
 ]
 """Five user turns of tool use, each output ~3,500 tokens: past a 30,000-token budget by
 the third."""
+CONTINUED = "RUN: echo again"
+"""The turn of ``--continue``, after the session was compacted."""
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 
 
 def thinking_signatures(body: dict[str, Any]) -> list[str]:
@@ -188,14 +201,59 @@ def thinking_signatures(body: dict[str, Any]) -> list[str]:
     ]
 
 
+def unanswered_tool_uses(body: dict[str, Any]) -> list[str]:
+    """What breaks the tool pairs of a Messages request: a tool_use not answered by a
+    tool_result in the next user turn, or a tool_result answering no tool_use of the
+    assistant turn before it."""
+    turns = [t for t in body.get("messages") or () if t.get("role") != "system"]
+
+    def blocks(turn: dict[str, Any] | None, kind: str, key: str) -> set[str]:
+        content = turn.get("content") if turn is not None else None
+        return (
+            {b[key] for b in content if b.get("type") == kind}
+            if isinstance(content, list)
+            else set()
+        )
+
+    problems = []
+    for index, turn in enumerate(turns):
+        following = turns[index + 1] if index + 1 < len(turns) else None
+        if turn.get("role") == "assistant":
+            uses = blocks(turn, "tool_use", "id")
+            answered = blocks(following, "tool_result", "tool_use_id")
+            if following is not None and uses - answered:
+                problems.append(f"turn {index}: {sorted(uses - answered)} unanswered")
+        else:
+            earlier = turns[index - 1] if index else None
+            orphans = blocks(turn, "tool_result", "tool_use_id") - blocks(earlier, "tool_use", "id")
+            if orphans:
+                problems.append(f"turn {index}: {sorted(orphans)} answer no tool_use")
+    return problems
+
+
+def message_delta(answer: bytes) -> dict[str, Any]:
+    """The ``message_delta`` event of a streamed Messages answer."""
+    for event in answer.split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:") and b'"message_delta"' in line:
+                data: dict[str, Any] = orjson.loads(line[5:])
+                if data.get("type") == "message_delta":
+                    return data
+    raise AssertionError(f"no message_delta in {answer[-500:]!r}")
+
+
 @pytest.mark.parametrize("model", ["default", "gpt-4o"])
 def test_a_claude_code_session_under_compaction(session: Session, model: str) -> None:
     """A five-turn session of tool use (``--session-id``, then ``--resume``) under a
-    max-input that forces compaction, to Claude on Claude Code's default model and to an
-    OpenAI-compatible model: every turn completes; nothing the upstream would refuse goes
-    up (at most 4 breakpoints, tool pairs whole, thinking where it must be and signed for
-    its prefix); thinking is kept as the client asks; a cache-break header comes only
-    with a request that did not extend the prompt that went up before it."""
+    max-input that forces compaction, then one more turn with ``--continue``, to Claude
+    on Claude Code's default model and to an OpenAI-compatible model: every turn
+    completes; nothing the upstream would refuse goes up (at most 4 breakpoints, tool
+    pairs whole, thinking where it must be and signed for its prefix); thinking is kept
+    as the client asks; a cache-break header comes only with a request that did not
+    extend the prompt that went up before it. Claude Code's context management goes up to
+    Claude exactly as it sent it, Claude applies it, and its account reaches Claude Code
+    in the ``message_delta``; it does not go up to the OpenAI-compatible model, which
+    gets plain requests, and Claude Code is answered as usual."""
     session.env["ANTHROPIC_CUSTOM_HEADERS"] = "x-contextgate-policy: max-input=30000"
     args = [] if model == "default" else ["--model", model]
     conversation = str(uuid.uuid4())
@@ -206,24 +264,48 @@ def test_a_claude_code_session_under_compaction(session: Session, model: str) ->
         assert found is not None, answer
         assert int(found[1]) == prompt.count("RUN:")
     upstream = session.claude if model == "default" else session.chat
+    resumed = [
+        set(e.headers["x-contextgate-actions"].split(", ")) for e in session.recorder.messages()
+    ]
+    assert any(acted & COMPACTING for acted in resumed), resumed
+    answer = session.ask(CONTINUED, "--continue", *args)
+    found = DONE.search(answer)
+    assert found is not None, answer
+    assert int(found[1]) == 1
     assert upstream.refusals == []
     sent = session.recorder.messages()
+    assert len(sent) > len(resumed)
     assert [e.status for e in sent] == [200] * len(sent)
     assert len(sent) == len(upstream.requests)
     actions = [set(e.headers["x-contextgate-actions"].split(", ")) for e in sent]
-    assert any(acted & COMPACTING for acted in actions), actions
     breaks = [e.headers.get("x-contextgate-cache-break") for e in sent]
     for index in range(1, len(sent)):
         if upstream.extends(index, index - 1):
             assert breaks[index] is None, (index, breaks)
+    clients = [orjson.loads(e.body) for e in sent]
+    assert all(body.get("context_management") is not None for body in clients)
+    continued = orjson.dumps(clients[len(resumed)]["messages"]).decode()
+    assert PROMPTS[-1] in continued  # the session went on, with its history
+    assert CONTINUED in continued
     if model != "default":
+        for went_up in session.chat.requests:
+            assert "context_management" not in went_up
+        for exchange in sent:
+            assert "context_management" not in message_delta(exchange.answer)
         return
-    for exchange, went_up, acted in zip(sent, upstream.requests, actions, strict=True):
-        client = thinking_signatures(orjson.loads(exchange.body))
+    received = [r for r in session.upstream.received if r.path == "/v1/messages"]
+    assert len(received) == len(sent)
+    for exchange, client, went_up, acted, seen, applied in zip(
+        sent, clients, upstream.requests, actions, received, session.claude.applied, strict=True
+    ):
+        assert went_up["context_management"] == client["context_management"]
+        assert CONTEXT_MANAGEMENT_BETA in seen.headers["anthropic-beta"]
+        assert message_delta(exchange.answer)["context_management"] == {"applied_edits": applied}
+        assert unanswered_tool_uses(went_up) == []
         kept = thinking_signatures(went_up)
-        assert set(kept) <= set(client)
+        assert set(kept) <= set(thinking_signatures(client))
         if not acted & COMPACTING:
-            assert kept == client
+            assert kept == thinking_signatures(client)
         markers = orjson.dumps(went_up).count(b'"cache_control"')
         assert markers <= 4
     assert sum(len(thinking_signatures(r)) for r in upstream.requests) > len(PROMPTS)
