@@ -173,6 +173,8 @@ def parse_edits(management: Any) -> NativeEdits:
         if not isinstance(edit, Mapping):
             raise NativeEditError(where, "must be an object")
         kind = edit.get("type")
+        if not isinstance(kind, str):
+            raise NativeEditError(f"{where}.type", "must be a string naming the edit")
         if kind in found:
             raise NativeEditError(f"{where}.type", f"{kind} is given more than once")
         if kind == CLEAR_TOOL_USES:
@@ -200,7 +202,8 @@ def stepped_back(policy: Policy, edits: NativeEdits) -> Policy:
     changes: dict[str, Any] = {}
     if edits.compact is not None:
         edge = policy.emergency
-        changes.update(prepare=edge, light=edge, trigger=max(edge, policy.target + 0.01))
+        if edge > policy.target:  # else the policy's own trigger is as late as it gets
+            changes.update(prepare=edge, light=edge, trigger=edge)
         changes.update(soft_ratio=1.0, hard_ratio=1.0)
     if edits.clear_tool_uses is not None:
         changes.update(filter_tokens=1_000_000, soft_ratio=1.0, hard_ratio=1.0)

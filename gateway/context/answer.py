@@ -50,6 +50,7 @@ async def answer(
             retry=attempt < MAX_ATTEMPTS,
         )
         if not isinstance(outcome, Overflowed):
+            outcome.chat = chat
             return outcome
         retry_started = perf_counter()
         smaller = await recompact(services, outcome.chat)

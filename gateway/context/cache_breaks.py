@@ -20,7 +20,7 @@ from opentelemetry import trace
 from gateway.context.compaction import ChatRequest
 from gateway.telemetry.metrics import Metrics
 from pipelines import observed_break
-from pipelines.session import usage_of
+from pipelines.session import NATIVE_EDITS, usage_of
 
 __all__ = ["CACHE_BREAK_HEADER", "note_cache_break"]
 
@@ -37,16 +37,16 @@ def cache_break(chat: ChatRequest, usage: dict[str, Any] | None) -> str | None:
     if previous is None or cached is None:
         return predicted
     if observed_break(previous, cached):
-        return predicted or ("native" if _provider_edits(chat) else "unknown")
+        return predicted or ("native" if _provider_edited(usage) else "unknown")
     return None
 
 
-def _provider_edits(chat: ChatRequest) -> bool:
-    """Whether the provider edits this request's context itself (the client's native
-    context management honoured, or the provider's compaction preferred): a fall in its
-    cache reads is then the edit's known prefix change, not a surprise."""
-    native = chat.native
-    return native is not None and native.mode in ("honour", "prefer") and bool(native.edits)
+def _provider_edited(usage: dict[str, Any] | None) -> bool:
+    """Whether the provider reports it edited this request's context itself (the
+    client's native context management honoured, or its compaction preferred): a fall in
+    its cache reads is then the edit's known prefix change, not a surprise."""
+    edits = usage.get(NATIVE_EDITS) if usage is not None else None
+    return isinstance(edits, int) and edits > 0
 
 
 def note_cache_break(

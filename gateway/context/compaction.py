@@ -21,7 +21,7 @@ import orjson
 from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
-from gateway.context.compaction_block import block, compaction_policy, expanded
+from gateway.context.compaction_block import block, compaction_policy, expanded, latest_block
 from gateway.context.native import plan, planned_policy, preferred, responses_plan
 from gateway.context.restore import has_refs, with_restore_tool
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
@@ -150,23 +150,14 @@ async def compact(
     model = str(body.get("model", ""))
     _check_models(caller, model, policy)
     target = None if dry_run else services.target(caller, model, call.headers)
-    native = None
-    if native_api is not None:
-        native = _native_plan(services, native_api, body, management, policy, target, history_seen)
-        policy = planned_policy(policy, native, blocks=native_api != "chat")
-        if native is not None and not dry_run:
-            _note_native(services, native)
-        if native_api == "messages":
-            ours_only = native is not None and native.polyfilled
-            body = await expanded(
-                body,
-                services.stores.for_request(),
-                caller.namespace,
-                ttl=policy.offload_ttl,
-                ours_only=ours_only,
-            )
+    native, policy, body, kept = await _native(
+        services, call, native_api, body, management, policy, target, history_seen, dry_run
+    )
     namespace = caller.namespace
-    conversation = _conversation(call.headers, namespace, body)
+    if kept is not None and CONVERSATION_HEADER not in call.headers:
+        conversation = kept  # a checkpoint of the gateway's stood for the history
+    else:
+        conversation = _conversation(call.headers, namespace, body)
     state = await services.stores.conversations.get(namespace, conversation)
     summaries = None
     if services.settings.summaries and policy.mode == "summarize":
@@ -190,7 +181,8 @@ async def compact(
         result, tooled, content = await _compact_with_restore_tool(
             services, raw, body, policy, state, namespace, conversation, summaries, render, native
         )
-        compaction = None if dry_run else await _block(services, namespace, policy, result)
+        if not dry_run:
+            compaction = await _block(services, namespace, conversation, policy, result)
     return ChatRequest(
         raw,
         tooled or body,
@@ -208,6 +200,47 @@ async def compact(
         native=native,
         compaction=compaction,
     )
+
+
+async def _native(
+    services: Services,
+    call: Call,
+    api: Literal["messages", "chat", "responses"] | None,
+    body: dict[str, Any],
+    management: Any,
+    policy: Policy,
+    target: Target | None,
+    history_seen: bool,
+    dry_run: bool,
+) -> tuple[NativePlan | None, Policy, dict[str, Any], str | None]:
+    """The request's native context management (``gateway.context.native``): its plan,
+    the policy stepped back from what it delegates, and on the Messages route the body
+    with the gateway's latest compaction block expanded into its checkpoint, with the
+    conversation that checkpoint was made in."""
+    if api is None:
+        return None, policy, body, None
+    native = _native_plan(services, api, body, management, policy, target, history_seen)
+    bounds = call.caller.profile.bounds
+    policy = planned_policy(policy, native, blocks=api != "chat", bounds=bounds)
+    if native is not None and not dry_run:
+        _note_native(services, native)
+    if api != "messages" or latest_block(body.get("messages") or ()) is None:
+        return native, policy, body, None
+    try:
+        secret: bytes | None = await services.stores.secret()
+    except StoreError:
+        secret = None
+    found = await expanded(
+        body,
+        services.stores.for_request(),
+        call.caller.namespace,
+        secret,
+        ttl=policy.offload_ttl,
+        ours_only=native is not None and native.polyfilled,
+    )
+    if found.fallback:
+        trace.get_current_span().set_attribute("contextgate.compaction.checkpoint", "gone")
+    return native, policy, found.body, found.conversation
 
 
 def _native_plan(
@@ -231,7 +264,7 @@ def _native_plan(
         native = plan(
             body, policy, upstream_applies=api == "messages" and anthropic, upstream=upstream
         )
-    if native is not None:
+    if native is not None or policy.native != "prefer":
         return native
     compacts = (api == "messages" and anthropic) or (api == "responses" and history_seen)
     budget = Budget.for_request(services.pipeline.catalog.lookup(model), policy, body)
@@ -273,7 +306,7 @@ def _edited_tokens(result: CompactResult) -> int:
 
 
 async def _block(
-    services: Services, namespace: str, policy: Policy, result: CompactResult
+    services: Services, namespace: str, conversation: str, policy: Policy, result: CompactResult
 ) -> dict[str, Any] | None:
     """The compaction block for ``result``; ``None`` when its checkpoint could not be
     stored (the request goes on compacted, the client keeps its history)."""
@@ -283,8 +316,10 @@ async def _block(
             result.request,
             services.stores.for_request(),
             namespace,
+            await services.stores.secret(),
             ttl=policy.offload_ttl,
             removed=removed,
+            conversation=conversation,
         )
     except StoreError:
         return None
@@ -352,10 +387,14 @@ async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None
         chat.namespace,
         chat.conversation,
         render=chat.render,
+        native=chat.native,
     )
     if result.request == chat.result.request:
         return None
-    return replace(chat, policy=policy, result=result, content=None)
+    compaction = chat.compaction
+    if compaction is not None:  # the checkpoint is what goes up now
+        compaction = await _block(services, chat.namespace, chat.conversation, policy, result)
+    return replace(chat, policy=policy, result=result, content=None, compaction=compaction)
 
 
 def _conversation(headers: Mapping[str, str], namespace: str, body: dict[str, Any]) -> str:

@@ -7,28 +7,34 @@ compacts it with its own pipeline, under a policy that cuts deep
 (``compaction_policy``): the span becomes the 11-field summary (or, without a summary
 model, notes naming the refs of what was removed), the protected tail stays. The
 messages that came out, all but the system prompt, are the *checkpoint*: stored in the
-offload store, in the caller's namespace, for ``offload-ttl`` (renewed at each use). The
-client gets a ``compaction`` block at the head of the answer (``block``): its
-``content`` the summary, readable; its ``encrypted_content`` the checkpoint's ref behind a
-marker. A ref is an HMAC of the namespace and the content under the store's secret
-(``gateway.store.refs``), so it is the gateway's signature too: nobody can make one for a
-checkpoint the gateway did not store for this caller.
+offload store (tagged as one), in the caller's namespace, for ``offload-ttl`` (renewed at
+each use), with the conversation's identity. The client gets a ``compaction`` block at
+the head of the answer (``block``): its ``content`` the summary, readable; its
+``encrypted_content`` the checkpoint's ref and the gateway's signature of the ref, the
+content and the caller's namespace (an HMAC under the store's secret, which replicas
+share), so nobody can make one the gateway did not, for another key, or with another
+summary.
 
 When the block comes back (``expanded``), everything before it is dropped, as the API
 drops it, and the checkpoint's messages take its place, so the model reads what it read
-when the compaction was made, followed by the rest of that answer and what came since. A
-block whose ref names nothing in the caller's namespace (forged, another key's, a
-provider's own on a polyfilled route, or expired) is refused with a 400 that says so;
-one whose ``content`` the client changed, too. A block the gateway did not make, on a
-route where the provider compacts (honour), is the provider's own: left alone.
+when the compaction was made, followed by the rest of that answer and what came since;
+the conversation keeps its identity. A block whose signature does not hold (forged,
+another key's, its summary changed, a provider's own on a polyfilled route) is refused
+with a 400 that says so. A signed block whose checkpoint is gone (past ``offload-ttl``,
+or the store unavailable) stands for its summary: the session goes on with less detail
+rather than stop. A block the gateway did not make, on a route where the provider
+compacts (honour), is the provider's own: left alone.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import orjson
@@ -43,6 +49,7 @@ from pipelines.stage import REF_PATTERN
 
 __all__ = [
     "MARK",
+    "Expanded",
     "block",
     "block_events",
     "compaction_policy",
@@ -58,6 +65,8 @@ MARK: Final = "contextgate.compaction.v1:"
 _DEEP: Final = 0.8
 """The utilisation a compaction runs the pipeline at: full compaction (``trigger``),
 short of the emergency's deterministic shortening, so that a summary model is asked."""
+_CHECKPOINT_TAG: Final = b"contextgate.checkpoint.v1\n"
+"""What a stored checkpoint begins with: no other object of the store is taken for one."""
 _LEAST_TARGET: Final = 0.05
 """The least ``target`` a policy takes."""
 _GATEWAY_TEXTS: Final = ("[Recalled context:", "[Context note:")
@@ -100,50 +109,77 @@ def is_ours(part: Mapping[str, Any]) -> bool:
     return isinstance(encrypted, str) and encrypted.startswith(MARK)
 
 
+@dataclass(frozen=True, slots=True)
+class Expanded:
+    """A request with the gateway's latest compaction block replaced by its checkpoint."""
+
+    body: dict[str, Any]
+    conversation: str | None = None
+    """The conversation the checkpoint was made in (its identity does not change with the
+    history the block replaced); ``None`` when no block of the gateway's was expanded."""
+    fallback: bool = False
+    """Whether the checkpoint was gone (expired, or the store unavailable) and the block's
+    summary stood in for it."""
+
+
 async def expanded(
     body: dict[str, Any],
     store: OffloadStore | None,
     namespace: str,
+    secret: bytes | None,
     *,
     ttl: int,
     ours_only: bool,
-) -> dict[str, Any]:
+) -> Expanded:
     """``body`` with what precedes its latest compaction block replaced by the checkpoint
-    that block stands for, when the gateway made it. A block the gateway did not make is
-    refused when ``ours_only`` (the upstream could not read it), else left alone."""
+    that block stands for, when the gateway made it (its signature checked under
+    ``secret``, the store's: ``None`` when it cannot be read). A block the gateway did
+    not make is refused when ``ours_only`` (the upstream could not read it), else left
+    alone. A block whose checkpoint is gone stands for its summary."""
     messages = body.get("messages") or []
     found = latest_block(messages)
     if found is None:
-        return body
+        return Expanded(body)
     index, part_index = found
     turn = messages[index]
     part = turn["content"][part_index]
     if not is_ours(part):
         if ours_only:
             raise _refused("was not made by this gateway")
-        return body
-    if part.get("content") is None:
-        return body  # a failed compaction: a no-op, as the API treats it
-    checkpoint = await _checkpoint(part, store, namespace, ttl)
+        return Expanded(body)
+    content = part.get("content")
+    if content is None:
+        return Expanded(body)  # a failed compaction: a no-op, as the API treats it
+    ref = _signed_ref(part, namespace, secret)
+    checkpoint = await _checkpoint(ref, content, store, namespace, ttl)
+    kept: list[Message]
+    if checkpoint is None:
+        kept, conversation = [_recalled(content)], None
+    else:
+        kept, conversation = checkpoint
     rest = [p for i, p in enumerate(turn["content"]) if i != part_index]
     after: list[Message] = []
     if rest or turn.get("tool_calls"):
         after.append({**turn, "content": rest or None})
-    system = [m for m in messages[:index] if m.get("role") == "system" and not m.get(SYSTEM_TURN)]
-    return {**body, "messages": [*system, *checkpoint, *after, *messages[index + 1 :]]}
+    system = [m for m in messages[:index] if _is_system_prompt(m)]
+    new = {**body, "messages": [*system, *kept, *after, *messages[index + 1 :]]}
+    return Expanded(new, conversation, fallback=checkpoint is None)
 
 
 async def block(
     request: Mapping[str, Any],
     store: OffloadStore | None,
     namespace: str,
+    secret: bytes,
     *,
     ttl: int,
     removed: int,
+    conversation: str,
 ) -> dict[str, Any]:
-    """The compaction block for ``request``, the pipeline's compaction of a conversation
-    (``removed`` tokens less than it had): its checkpoint stored, the block naming it.
-    ``StoreError`` when the store does not take it (then there is no compaction)."""
+    """The compaction block for ``request``, the pipeline's compaction of
+    ``conversation`` (``removed`` tokens less than it had): its checkpoint stored, the
+    block naming it, signed with ``secret`` for ``namespace``. ``StoreError`` when the
+    store does not take it (then there is no compaction)."""
     if store is None:
         raise StoreError("no offload store")
     messages = request.get("messages") or []
@@ -152,35 +188,89 @@ async def block(
         start += 1
     kept = messages[start:]
     content = _summary(kept, removed)
-    data = orjson.dumps({"content": content, "messages": kept})
+    data = _CHECKPOINT_TAG + orjson.dumps(
+        {"content": content, "messages": kept, "conversation": conversation}
+    )
     ref = await store.put(namespace, data, ttl=ttl)
-    return {"type": "compaction", "content": content, "encrypted_content": MARK + ref}
+    signature = _signature(secret, namespace, ref, content)
+    return {
+        "type": "compaction",
+        "content": content,
+        "encrypted_content": f"{MARK}{ref}.{signature}",
+    }
+
+
+def _signature(secret: bytes, namespace: str, ref: str, content: str) -> str:
+    """The gateway's signature of a block naming ``ref`` with ``content``, for
+    ``namespace``: only this gateway makes it, only for this key."""
+    message = b"\0".join((b"compaction", namespace.encode(), ref.encode(), content.encode()))
+    mac = hmac.new(secret, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac[:18]).decode()
+
+
+def _signed_ref(part: Mapping[str, Any], namespace: str, secret: bytes | None) -> str:
+    """The ref a block of the gateway's names, once its signature holds; a 400 when it
+    does not (forged, another key's, its content changed)."""
+    signed = str(part["encrypted_content"])[len(MARK) :]
+    ref, _, signature = signed.partition(".")
+    content = part.get("content")
+    if not REF_PATTERN.fullmatch(ref) or not isinstance(content, str):
+        raise _refused("was not made by this gateway")
+    if secret is None:
+        return ref  # the store is down: the checkpoint cannot be read either
+    expected = _signature(secret, namespace, ref, content)
+    if not hmac.compare_digest(signature.encode(), expected.encode()):
+        raise _refused("was not made by this gateway for this key, or its content was changed")
+    return ref
 
 
 async def _checkpoint(
-    part: Mapping[str, Any], store: OffloadStore | None, namespace: str, ttl: int
-) -> list[Message]:
-    ref = str(part["encrypted_content"])[len(MARK) :]
-    if store is None or not REF_PATTERN.fullmatch(ref):
-        raise _refused("names no checkpoint of this gateway")
+    ref: str, content: str, store: OffloadStore | None, namespace: str, ttl: int
+) -> tuple[list[Message], str | None] | None:
+    """The messages and conversation of the checkpoint ``ref`` names, renewed; ``None``
+    when it is gone (expired, or the store unavailable)."""
+    if store is None:
+        return None
     try:
         data = await store.get(namespace, ref)
-    except StoreError as exc:
-        raise _refused("could not be read back: the offload store is unavailable") from exc
-    if data is None:
-        raise _refused(
-            "names no checkpoint this gateway keeps for this key (another key's, or"
-            " expired after offload-ttl)"
-        )
-    checkpoint = orjson.loads(data)
-    if checkpoint.get("content") != part.get("content"):
-        raise _refused("was changed: its content is not the summary the gateway made")
+    except StoreError:
+        return None
+    checkpoint = _parsed(data) if data is not None else None
+    if checkpoint is None or checkpoint.get("content") != content:
+        return None
     touch = getattr(store, "touch", None)
     if touch is not None:
         with suppress(StoreError):  # read now; renewed on a later request
             await touch(namespace, ref, ttl)
+    conversation = checkpoint.get("conversation")
+    return checkpoint["messages"], conversation if isinstance(conversation, str) else None
+
+
+def _parsed(data: bytes) -> dict[str, Any] | None:
+    """A stored checkpoint, when ``data`` is one (its tag, an object, messages that are
+    objects)."""
+    if not data.startswith(_CHECKPOINT_TAG):
+        return None
+    try:
+        checkpoint = orjson.loads(data[len(_CHECKPOINT_TAG) :])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(checkpoint, dict):
+        return None
     messages = checkpoint.get("messages")
-    return list(messages) if isinstance(messages, list) else []
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return None
+    return checkpoint
+
+
+def _recalled(content: str) -> Message:
+    """What stands for a checkpoint that is gone: the block's summary, as recalled
+    context."""
+    return {
+        "role": "user",
+        "content": "[Recalled context: the summary of earlier messages of this conversation,"
+        " which were compacted. This is not a new request.]\n" + content,
+    }
 
 
 def _refused(why: str) -> InvalidRequest:

@@ -119,6 +119,9 @@ class Buffered:
     status: int | None = None
     """Set when the status sent differs from the upstream's (an error event that came
     before any content)."""
+    chat: ChatRequest | None = None
+    """The request as it went up the last time (``context.answer`` sets it: after an
+    overflow retry, the one compacted again)."""
 
 
 @dataclass(slots=True)
@@ -127,6 +130,8 @@ class Streamed:
     first: bytes
     events: AsyncIterator[bytes]
     headers: dict[str, str]
+    chat: ChatRequest | None = None
+    """As ``Buffered.chat``."""
 
 
 class UpstreamAnswered(Exception):

@@ -32,7 +32,7 @@ import orjson
 from gateway.context.restore import RESTORE_TOOL_NAME
 from gateway.errors import InvalidRequest
 from gateway.http.sse import event_data
-from pipelines import Policy
+from pipelines import Policy, PolicyError
 from pipelines.budget import BUDGET_FLOOR
 from pipelines.native import (
     COMPACT,
@@ -43,6 +43,7 @@ from pipelines.native import (
     parse_edits,
     stepped_back,
 )
+from pipelines.policy import BOUNDS, PolicyBounds
 
 __all__ = [
     "COMPACT_BETA",
@@ -59,6 +60,7 @@ __all__ = [
 ]
 
 FIELD: Final = "context_management"
+_MAX_INPUT: Final = int(BOUNDS["max_input"][1])
 COMPACT_BETA: Final = "compact-2026-01-12"
 MIN_PROVIDER_TRIGGER: Final = 50_000
 """The least trigger a provider's compaction takes (Anthropic's ``compact_20260112``):
@@ -146,19 +148,56 @@ def preferred_field(native: NativePlan) -> Any:
     return {"edits": [{"type": COMPACT, "trigger": trigger}]}
 
 
-def planned_policy(policy: Policy, native: NativePlan | None, *, blocks: bool) -> Policy:
-    """``policy`` stepped back from what the client delegated (``pipelines.native``).
-    A client that cannot take compaction blocks (``blocks`` false: the chat API) and asks
-    for compaction gets the gateway's own, from the client's trigger on: its budget capped
-    so that the policy's ``trigger`` falls there."""
+def planned_policy(
+    policy: Policy, native: NativePlan | None, *, blocks: bool, bounds: PolicyBounds | None = None
+) -> Policy:
+    """``policy`` stepped back from what the client delegated (``pipelines.native``),
+    within ``bounds`` (the caller's: a key the configuration locks keeps its value, a
+    bounded one stays in its range). A client that cannot take compaction blocks
+    (``blocks`` false: the chat API) and asks for compaction gets the gateway's own, from
+    the client's trigger on: its budget capped so that the policy's ``trigger`` falls
+    there."""
     if native is None:
         return policy
     compact = native.edits.compact
     if compact is None or blocks:
-        return stepped_back(policy, native.edits)
-    cap = max(BUDGET_FLOOR, math.ceil(compact.trigger / policy.trigger))
-    capped = replace(policy, max_input=min(policy.max_input or cap, cap))
-    return stepped_back(capped, replace(native.edits, compact=None))
+        stepped = stepped_back(policy, native.edits)
+    else:
+        cap = min(max(BUDGET_FLOOR, math.ceil(compact.trigger / policy.trigger)), _MAX_INPUT)
+        capped = replace(policy, max_input=min(policy.max_input or cap, cap))
+        stepped = stepped_back(capped, replace(native.edits, compact=None))
+    return _within(stepped, policy, bounds) if bounds is not None else stepped
+
+
+def _within(stepped: Policy, policy: Policy, bounds: PolicyBounds) -> Policy:
+    """``stepped`` with each key it changed from ``policy`` kept within ``bounds``: the
+    configuration's value where the key is locked or its values listed, the range's edge
+    where it is bounded; ``policy`` when that leaves no valid policy."""
+    changes: dict[str, Any] = {}
+    for name in (
+        "prepare",
+        "light",
+        "trigger",
+        "filter_tokens",
+        "soft_ratio",
+        "hard_ratio",
+        "max_input",
+    ):
+        value, before = getattr(stepped, name), getattr(policy, name)
+        if value == before:
+            continue
+        key = name.replace("_", "-")
+        if key in bounds.locked or key in bounds.choices:
+            changes[name] = before
+        elif key in bounds.ranges and value is not None:
+            low, high = bounds.ranges[key]
+            changes[name] = type(value)(min(max(value, low), high))
+    if not changes:
+        return stepped
+    try:
+        return replace(stepped, **changes)
+    except PolicyError:
+        return policy
 
 
 def without_field(request: dict[str, Any]) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class ResponsesWire:
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
         response = response_of(body)
-        return chat_usage(response.get("usage")) if response is not None else None
+        return _response_usage(response) if response is not None else None
 
     def answer_id(self, body: bytes) -> str | None:
         response = response_of(body)
@@ -301,7 +301,7 @@ class _ResponseUsage:
         if self.answer_id is None:
             found = response.get("id")
             self.answer_id = found if isinstance(found, str) else ""
-        self.usage = chat_usage(response.get("usage")) or self.usage
+        self.usage = _response_usage(response) or self.usage
 
 
 class _EventUsage:
@@ -358,6 +358,21 @@ def _with_writes(usage: Mapping[str, Any], applied: int = 0) -> dict[str, Any]:
     if applied or compactions:
         converted[NATIVE_EDITS] = applied + compactions
     return converted
+
+
+def _response_usage(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A Responses answer's usage in OpenAI chat form, with the compactions the upstream
+    made (``compaction`` items in its output) as ``native_edits``."""
+    usage = chat_usage(response.get("usage"))
+    output = response.get("output")
+    compactions = sum(
+        1
+        for item in (output if isinstance(output, list) else ())
+        if isinstance(item, dict) and item.get("type") == "compaction"
+    )
+    if usage is not None and compactions:
+        usage[NATIVE_EDITS] = compactions
+    return usage
 
 
 def _applied_edits(management: Any) -> int:

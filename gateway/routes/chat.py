@@ -33,6 +33,7 @@ from gateway.codecs.openai import parse_chat_request
 from gateway.context.answer import answer
 from gateway.context.call import Target
 from gateway.context.compaction import ChatRequest, compact
+from gateway.context.exchange import Buffered, Streamed
 from gateway.context.native import without_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
@@ -58,11 +59,10 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     assert target is not None  # not a dry run
     keepalive = gateway.settings.stream_keepalive
     anthropic = target.provider
-    edits = chat.result.report.applied_edits
     if not isinstance(anthropic, AnthropicUpstream):
         prepare = without_field if chat.native is not None else None
         got = await answer(gateway, call, chat, ChatWire(anthropic, prepare), target.headers)
-        translation = reporting_edits(None, edits, client="chat")
+        translation = reporting_edits(None, _applied(got, chat), client="chat")
         return respond(got, call.request_id, keepalive=keepalive, translation=translation)
     info = gateway.pipeline.catalog.lookup(target.model)
     headers, binding = _bound(chat, target) if info.thinking_bound else (target.headers, None)
@@ -72,8 +72,14 @@ async def chat_completions(request: Request[Any, Any, Any]) -> ASGIResponse:
     )
     options = chat.body.get("stream_options")
     usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-    translation = reporting_edits(_from_claude(usage), edits, client="chat")
+    translation = reporting_edits(_from_claude(usage), _applied(got, chat), client="chat")
     return respond(got, call.request_id, keepalive=keepalive, translation=translation)
+
+
+def _applied(got: Buffered | Streamed, chat: ChatRequest) -> list[dict[str, Any]]:
+    """The native edits the gateway applied to what went up (after an overflow retry,
+    to the request compacted again)."""
+    return (got.chat or chat).result.report.applied_edits
 
 
 def _bound(chat: ChatRequest, target: Target) -> tuple[dict[str, str], dict[str, Any] | None]:

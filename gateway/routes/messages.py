@@ -85,11 +85,12 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
             return _paused(chat, compaction, call.request_id)
         wire = ChatWire(anthropic, openai_request)
         got = await answer(gateway, call, chat, wire, target.headers)
-        edits = chat.result.report.applied_edits
+        sent = got.chat or chat  # after an overflow retry, what went up then
         base = _from_openai(_answer_ids(chat))
-        translation = reporting_edits(base, edits, client="messages") or base
-        if compaction is not None:
-            translation = _with_compaction(translation, compaction)
+        translation = reporting_edits(base, sent.result.report.applied_edits, client="messages")
+        translation = translation or base
+        if sent.compaction is not None:
+            translation = _with_compaction(translation, sent.compaction)
         return respond(
             got,
             call.request_id,

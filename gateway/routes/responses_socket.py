@@ -384,8 +384,8 @@ class _Connection:
             call = Call(self.headers, self.caller, record, _never, response.started)
             chat = response.chat = await compacted(self.gateway, call, inbound, restore_tool=False)
             record.report, record.attempts = chat.result.report, 1
-            if chat.result.changed or rebuilt:
-                preferred = with_preferred(inbound, chat)
+            preferred = with_preferred(inbound, chat)
+            if chat.result.changed or rebuilt or preferred is not inbound:
                 sent = to_request(chat.result.request, preferred.native, inbound.messages)
                 text = orjson.dumps({"type": "response.create", **sent}).decode()
             response.sent_at = time.time()

@@ -166,6 +166,13 @@ class Stores:
             return self.objects
         return Deadlined(self.objects, self.redis.settings.timeout)
 
+    async def secret(self) -> bytes:
+        """The store's secret, which replicas share (``StoreError`` when Redis, which
+        holds it, cannot be read)."""
+        secret = self._secret if self.redis is None else await self.redis.secret()
+        assert secret is not None
+        return secret
+
     async def namespace_of(self, credential: str | None) -> str:
         """The namespace of a caller presenting ``credential`` (its upstream key)."""
         if not credential:

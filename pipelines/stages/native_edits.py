@@ -31,7 +31,7 @@ from pipelines.errors import StoreError
 from pipelines.messages import Message, original_bytes
 from pipelines.native import CLEAR_THINKING, CLEAR_TOOL_USES, ClearThinking, ClearToolUses
 from pipelines.preview import text_digest
-from pipelines.stage import StageContext
+from pipelines.stage import REF_PATTERN, StageContext
 
 __all__ = ["NativeEdits", "cleared_placeholder"]
 
@@ -92,7 +92,12 @@ class NativeEdits:
         if not over:
             return []
         older = uses[: max(0, len(uses) - edit.keep)]
-        chosen = [use for use in older if _tool_name(use[1]) not in edit.exclude_tools]
+        chosen = [
+            (index, call, at)
+            for index, call, at in older
+            if _tool_name(call) not in edit.exclude_tools
+            and not (at is not None and _is_placeholder(messages[at]))
+        ]
         saving = sum(
             _saving(messages[at], _tool_name(call), ctx) for _, call, at in chosen if at is not None
         )
@@ -194,6 +199,19 @@ def _clear_thinking(
             "cleared_input_tokens": tokens,
         }
     ]
+
+
+def _is_placeholder(message: Message) -> bool:
+    """Whether a tool result is a placeholder the gateway wrote on an earlier request (one
+    a checkpoint of its compaction holds): cleared already, its original behind the ref
+    it names."""
+    content = message.get("content")
+    return (
+        isinstance(content, str)
+        and content.startswith("[Tool result of ")
+        and "cleared to save context" in content
+        and REF_PATTERN.search(content) is not None
+    )
 
 
 def _tool_uses(messages: list[Message]) -> list[tuple[int, dict[str, Any], int | None]]:
