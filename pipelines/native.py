@@ -54,6 +54,7 @@ __all__ = [
     "NativeEditError",
     "NativeEdits",
     "NativePlan",
+    "on_demand",
     "parse_edits",
     "stepped_back",
 ]
@@ -97,6 +98,9 @@ class ClearToolUses:
 class ClearThinking:
     keep: int | None = DEFAULT_KEEP_THINKING
     """Thinking turns kept, newest first; ``None``: all of them."""
+    given: bool = True
+    """Whether the client gave ``keep``: without it, the model's default applies (a model
+    that keeps earlier turns' thinking keeps all of them, another the latest turn's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +197,21 @@ def parse_edits(management: Any) -> NativeEdits:
     return NativeEdits(found.get(CLEAR_TOOL_USES), found.get(CLEAR_THINKING), found.get(COMPACT))
 
 
+def on_demand(compaction: Any) -> Compact | None:
+    """The compaction a Messages request's top-level ``compaction`` asks for now (beta
+    ``compact-2026-09-04``: ``{"type": "summarize", "instructions": ...}``): at once,
+    the block alone in the answer; ``None`` when it asks none."""
+    if compaction is None:
+        return None
+    if not isinstance(compaction, Mapping) or compaction.get("type") != "summarize":
+        raise NativeEditError("compaction.type", "must be 'summarize'")
+    instructions = compaction.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise NativeEditError("compaction.instructions", "must be a string")
+    text = instructions.strip() if isinstance(instructions, str) else ""
+    return Compact(trigger=0, instructions=text or None, pause_after_compaction=True)
+
+
 def stepped_back(policy: Policy, edits: NativeEdits) -> Policy:
     """``policy`` without what the client delegated to the provider: the gateway's own
     compaction (and its pruning of old tool outputs on a cold cache) waits for the
@@ -249,7 +268,7 @@ def _clear_thinking(edit: Mapping[str, Any], where: str) -> ClearThinking:
     _only(edit, where, {"keep"})
     keep = edit.get("keep")
     if keep is None:
-        return ClearThinking()
+        return ClearThinking(given=False)
     if keep == "all" or (isinstance(keep, Mapping) and keep.get("type") == "all"):
         return ClearThinking(None)
     _, value = _count(keep, f"{where}.keep", ("thinking_turns",), ("thinking_turns", 1), zero=True)

@@ -22,7 +22,13 @@ from opentelemetry import trace
 
 from gateway.context.call import Call, Services, Target
 from gateway.context.compaction_block import block, compaction_policy, expanded, latest_block
-from gateway.context.native import plan, planned_policy, preferred, responses_plan
+from gateway.context.native import (
+    compacts_server_side,
+    plan,
+    planned_policy,
+    preferred,
+    responses_plan,
+)
 from gateway.context.restore import has_refs, with_restore_tool
 from gateway.errors import Forbidden, InvalidRequest, RequestRejectedError
 from gateway.http.headers import POLICY_HEADER, policy_from_header
@@ -39,6 +45,7 @@ from pipelines import (
     conversation_id,
 )
 from pipelines.budget import BUDGET_FLOOR, Budget
+from pipelines.cache_break import without_markers
 from pipelines.native import Compact, NativePlan
 from pipelines.ports import Rendering, Summaries
 
@@ -176,13 +183,15 @@ async def compact(
         tooled, content = None, None
     compaction = None
     due = _compaction_due(native, result) if native_api == "messages" else None
-    if due is not None and history_seen:
+    if due is not None and history_seen and not dry_run:
+        # A dry run (count_tokens) makes no new compaction, as the API's count does not.
         policy = compaction_policy(policy, _edited_tokens(result), due.trigger)
         result, tooled, content = await _compact_with_restore_tool(
             services, raw, body, policy, state, namespace, conversation, summaries, render, native
         )
-        if not dry_run:
-            compaction = await _block(services, namespace, conversation, policy, result)
+        compaction = await _block(services, namespace, conversation, policy, result)
+        if compaction is not None:
+            result = _checkpointed(result)
     return ChatRequest(
         raw,
         tooled or body,
@@ -261,12 +270,15 @@ def _native_plan(
         native = responses_plan(management, policy)
     else:
         upstream = "Anthropic" if anthropic else "the upstream"
+        applies = api == "messages" and anthropic
         native = plan(
-            body, policy, upstream_applies=api == "messages" and anthropic, upstream=upstream
+            body, policy, upstream_applies=applies, upstream=upstream, blocks=api == "messages"
         )
     if native is not None or policy.native != "prefer":
         return native
-    compacts = (api == "messages" and anthropic) or (api == "responses" and history_seen)
+    compacts = (api == "messages" and anthropic and compacts_server_side(model)) or (
+        api == "responses" and history_seen
+    )
     budget = Budget.for_request(services.pipeline.catalog.lookup(model), policy, body)
     return preferred(api, provider_compacts=compacts, budget=budget.input_tokens, policy=policy)
 
@@ -284,13 +296,22 @@ def _note_native(services: Services, native: NativePlan) -> None:
     span.set_attribute("contextgate.native.edits", list(edits))
 
 
+def _checkpointed(result: CompactResult) -> CompactResult:
+    """``result`` whose record takes the history as it went up (the checkpoint's) for the
+    history as received: the client's next request, the block expanded into its
+    checkpoint, continues that one."""
+    sent = without_markers(result.request.get("messages") or [])
+    tokens = result.report.tokens_after
+    return replace(result, state=result.state.with_history(sent, sent_tokens=tokens, cold=True))
+
+
 def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact | None:
     """The client's ``compact_20260112`` when the gateway makes it and this request is
     over its trigger (once the client's other edits are applied)."""
     if native is None or not native.polyfilled or native.edits.compact is None:
         return None
     edit = native.edits.compact
-    return edit if _edited_tokens(result) > edit.trigger else None
+    return edit if _edited_tokens(result) >= edit.trigger else None
 
 
 def _edited_tokens(result: CompactResult) -> int:

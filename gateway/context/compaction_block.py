@@ -43,6 +43,7 @@ from gateway.errors import InvalidRequest
 from gateway.http.sse import event_data
 from pipelines import Policy, StoreError
 from pipelines.budget import BUDGET_FLOOR
+from pipelines.cache_break import without_markers
 from pipelines.messages import SYSTEM_TURN, Message, message_text
 from pipelines.ports import OffloadStore
 from pipelines.stage import REF_PATTERN
@@ -143,13 +144,13 @@ async def expanded(
     index, part_index = found
     turn = messages[index]
     part = turn["content"][part_index]
+    content = part.get("content")
+    if content is None:
+        return Expanded(body)  # a failed compaction: a no-op, as the API treats it
     if not is_ours(part):
         if ours_only:
             raise _refused("was not made by this gateway")
         return Expanded(body)
-    content = part.get("content")
-    if content is None:
-        return Expanded(body)  # a failed compaction: a no-op, as the API treats it
     ref = _signed_ref(part, namespace, secret)
     checkpoint = await _checkpoint(ref, content, store, namespace, ttl)
     kept: list[Message]
@@ -186,7 +187,7 @@ async def block(
     start = 0
     while start < len(messages) and _is_system_prompt(messages[start]):
         start += 1
-    kept = messages[start:]
+    kept = without_markers(messages[start:])  # the gateway's markers are placed anew
     content = _summary(kept, removed)
     data = _CHECKPOINT_TAG + orjson.dumps(
         {"content": content, "messages": kept, "conversation": conversation}
@@ -338,10 +339,16 @@ async def block_events(
         yield event
 
 
-def paused(model: str, compaction: Mapping[str, Any], input_tokens: int) -> dict[str, Any]:
-    """The answer to a request paused after its compaction (``pause_after_compaction``):
-    the compaction block alone, ``stop_reason: "compaction"``; no model was asked."""
-    return {
+def paused(
+    model: str,
+    compaction: Mapping[str, Any],
+    input_tokens: int,
+    edits: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The answer to a request paused after its compaction (``pause_after_compaction``,
+    or an on-demand compaction): the compaction block alone, ``stop_reason:
+    "compaction"``, with the other ``edits`` applied; no model was asked."""
+    message: dict[str, Any] = {
         "id": "msg_" + secrets.token_urlsafe(18),
         "type": "message",
         "role": "assistant",
@@ -351,23 +358,27 @@ def paused(model: str, compaction: Mapping[str, Any], input_tokens: int) -> dict
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }
+    if edits:
+        message["context_management"] = {"applied_edits": list(edits)}
+    return message
 
 
 def paused_events(message: Mapping[str, Any]) -> list[bytes]:
     """``paused``'s answer as a Messages stream."""
-    start = {**message, "content": [], "stop_reason": None}
+    start = {k: v for k, v in message.items() if k != "context_management"}
+    start.update(content=[], stop_reason=None)
     usage = message["usage"]
+    delta: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "compaction", "stop_sequence": None},
+        "usage": {"output_tokens": usage["output_tokens"]},
+    }
+    if "context_management" in message:
+        delta["context_management"] = message["context_management"]
     return [
         _event("message_start", {"type": "message_start", "message": start}),
         *_block_events(message["content"][0], 0),
-        _event(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "compaction", "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]},
-            },
-        ),
+        _event("message_delta", delta),
         _event("message_stop", {"type": "message_stop"}),
     ]
 

@@ -23,6 +23,7 @@ field); an ``honour`` one goes up as it is, and the upstream's 400 comes back.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
@@ -40,6 +41,7 @@ from pipelines.native import (
     NativeEditError,
     NativeEdits,
     NativePlan,
+    on_demand,
     parse_edits,
     stepped_back,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "FIELD",
     "applied_chunks",
     "applied_events",
+    "compacts_server_side",
     "plan",
     "planned_policy",
     "preferred",
@@ -60,6 +63,11 @@ __all__ = [
 ]
 
 FIELD: Final = "context_management"
+ON_DEMAND: Final = "compaction"
+"""A Messages request's on-demand compaction (beta ``compact-2026-09-04``)."""
+_COMPACTING: Final = re.compile(
+    r"claude-(?:(?:opus|sonnet)-4-(?:[6-9]|\d\d)|[a-z]+-(?:[5-9]|\d\d))"
+)
 _MAX_INPUT: Final = int(BOUNDS["max_input"][1])
 COMPACT_BETA: Final = "compact-2026-01-12"
 MIN_PROVIDER_TRIGGER: Final = 50_000
@@ -73,24 +81,27 @@ def plan(
     *,
     upstream_applies: bool,
     upstream: str,
+    blocks: bool = True,
 ) -> NativePlan | None:
-    """What the pipeline does about ``body``'s Anthropic ``context_management``:
+    """What the pipeline does about ``body``'s Anthropic ``context_management`` (and,
+    where the client takes compaction blocks, ``blocks``, its on-demand ``compaction``):
     ``honour`` when the upstream (named ``upstream`` for the report) applies it itself,
     ``polyfill`` otherwise; ``None`` when the body has none or the policy says ``off``."""
-    management = body.get(FIELD)
-    if management is None or policy.native == "off":
+    management, asked = body.get(FIELD), body.get(ON_DEMAND) if blocks else None
+    if (management is None and asked is None) or policy.native == "off":
         return None
-    if upstream_applies:
-        try:
-            edits = parse_edits(management)
-        except NativeEditError:
-            return None  # the upstream's 400 says what is wrong
-        reason = f"{upstream} applies context_management itself; the request goes up with it"
-        return NativePlan("honour", edits, reason)
     try:
         edits = parse_edits(management)
+        now = on_demand(asked)
     except NativeEditError as exc:
+        if upstream_applies:
+            return None  # the upstream's 400 says what is wrong
         raise InvalidRequest(str(exc), code="invalid_request_error", param=exc.param) from exc
+    if now is not None:
+        edits = replace(edits, compact=now)
+    if upstream_applies:
+        reason = f"{upstream} applies context_management itself; the request goes up with it"
+        return NativePlan("honour", edits, reason)
     reason = f"{upstream} has no context_management; the gateway applies the edits itself"
     return NativePlan("polyfill", edits, reason, host_tools=frozenset({RESTORE_TOOL_NAME}))
 
@@ -114,6 +125,12 @@ def responses_plan(management: Any, policy: Policy) -> NativePlan | None:
     edits = NativeEdits(compact=Compact(trigger) if trigger is not None else Compact())
     reason = "the upstream's Responses API compacts itself; the request goes up with it"
     return NativePlan("honour", edits, reason, api="openai")
+
+
+def compacts_server_side(model: str) -> bool:
+    """Whether Anthropic compacts ``model``'s requests itself (``compact_20260112``):
+    Claude Opus and Sonnet from 4.6, and every Claude from 5."""
+    return _COMPACTING.match(model) is not None
 
 
 def preferred(

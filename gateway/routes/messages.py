@@ -184,7 +184,8 @@ def _paused(chat: ChatRequest, compaction: dict[str, Any], request_id: str) -> A
     """The answer to a request paused after the gateway's compaction: the block alone,
     streamed or not as asked; nothing was sent upstream."""
     report = chat.result.report
-    message = paused(str(chat.body.get("model", "")), compaction, report.tokens_after)
+    model = str(chat.body.get("model", ""))
+    message = paused(model, compaction, report.tokens_after, report.applied_edits)
     headers = report_headers(request_id, report, report.ms)
     if chat.body.get("stream"):
         stream = b"".join(paused_events(message))

@@ -66,6 +66,7 @@ class NativeEdits:
             return conversation
         messages = list(conversation.messages)
         applied: list[dict[str, Any]] = []
+        ctx.record(input_tokens=_input_tokens(conversation, ctx))
         if plan.edits.clear_thinking is not None:
             applied += _clear_thinking(messages, plan.edits.clear_thinking, ctx)
         if plan.edits.clear_tool_uses is not None:
@@ -87,7 +88,6 @@ class NativeEdits:
     ) -> list[dict[str, Any]]:
         uses = _tool_uses(messages)
         client_tokens = _input_tokens(conversation, ctx)
-        ctx.record(input_tokens=client_tokens)
         over = (len(uses) if edit.trigger_kind == "tool_uses" else client_tokens) > edit.trigger
         if not over:
             return []
@@ -172,8 +172,8 @@ class NativeEdits:
 def _clear_thinking(
     messages: list[Message], edit: ClearThinking, ctx: StageContext
 ) -> list[dict[str, Any]]:
-    if edit.keep is None:
-        return []
+    if edit.keep is None or (not edit.given and ctx.model.keeps_thinking):
+        return []  # all kept: asked, or the model's default
     turns = [i for i, m in enumerate(messages) if _thinks(m)]
     older = turns[: max(0, len(turns) - edit.keep)]
     tokens = 0

@@ -57,10 +57,11 @@ def test_clear_tool_uses_defaults_are_the_apis() -> None:
 
 
 def test_clear_thinking_and_compact_defaults_are_the_apis() -> None:
-    """A bare clear_thinking keeps 1 thinking turn; a bare compact triggers at 150,000
-    input tokens, without instructions, and does not pause."""
+    """A bare clear_thinking keeps the model's default (1 thinking turn, or all of them on
+    a model that keeps earlier thinking); a bare compact triggers at 150,000 input
+    tokens, without instructions, and does not pause."""
     parsed = parse_edits(edits({"type": CLEAR_THINKING}, {"type": COMPACT}))
-    assert parsed.clear_thinking == ClearThinking(keep=1)
+    assert parsed.clear_thinking == ClearThinking(keep=1, given=False)
     assert parsed.compact == Compact(
         trigger=150_000, instructions=None, pause_after_compaction=False
     )

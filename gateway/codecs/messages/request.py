@@ -63,9 +63,10 @@ request gave none: ``native`` carries ``system`` only as the client sent it empt
 ``tools`` as the client sent them, for their key order (what the gateway added since,
 the restore tool, stays)."""
 
-_READ_FROM_NATIVE: Final = ("cache_control", "context_management")
+_READ_FROM_NATIVE: Final = ("cache_control", "context_management", "compaction")
 """``native`` fields the pipeline reads too: automatic caching (one of the four
-breakpoints) and the client's context editing (``clear_thinking_20251015``)."""
+breakpoints), the client's context editing (``clear_thinking_20251015``) and its
+on-demand compaction (``gateway.context.native``)."""
 
 
 def parse_request(raw: bytes, *, counting: bool = False) -> InboundRequest:

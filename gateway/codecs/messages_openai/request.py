@@ -25,6 +25,7 @@ _ANTHROPIC_KEYS: Final = frozenset(
         "citations",
         "thinking_blocks",
         "context_management",
+        "compaction",
         *TOOL_USE_KEYS,
         *TOOL_RESULT_KEYS,
     }

@@ -429,3 +429,72 @@ def test_the_conversations_record_counts_the_edits_applied(
         state = record_of(anthropic_gateway, "sk-ant-mine", name)
         assert state is not None
         assert state.native_edits == applied, model
+
+
+def test_on_demand_compaction_and_a_paused_answer_keep_the_apis_contract(
+    models: Models, client: anthropic.Anthropic
+) -> None:
+    """An on-demand compaction (``compaction: {"type": "summarize"}``) to a model the
+    gateway compacts for answers the block alone without asking the model; a paused
+    answer still reports the other edits applied; a block with null content (a failed
+    compaction) is a no-op, not a refusal; count_tokens makes no new compaction and
+    reports what the request counted before its edits."""
+    asked = len(models.chat.requests)
+    now = client.beta.messages.create(
+        model="gpt-4o",
+        max_tokens=200,
+        messages=history(3),
+        betas=["compact-2026-09-04"],
+        extra_body={"compaction": {"type": "summarize"}},
+    )
+    assert now.stop_reason == "compaction"
+    assert [b.type for b in now.content] == ["compaction"]
+    assert len(models.chat.requests) == asked
+    clearing = {
+        "edits": [
+            {
+                "type": "clear_tool_uses_20250919",
+                "trigger": {"type": "tool_uses", "value": 4},
+                "keep": {"type": "tool_uses", "value": 10},
+            },
+            PAUSED["edits"][0],
+        ]
+    }
+    paused = client.beta.messages.create(
+        model="gpt-4o",
+        max_tokens=200,
+        messages=history(12),
+        betas=BETAS,
+        context_management=clearing,
+    )
+    assert paused.stop_reason == "compaction"
+    assert paused.context_management is not None
+    assert paused.context_management.applied_edits[0].type == "clear_tool_uses_20250919"
+    failed = [
+        *history(3),
+        {"role": "assistant", "content": [{"type": "compaction", "content": None}]},
+        {"role": "user", "content": "go on"},
+    ]
+    answer = client.beta.messages.create(
+        model="gpt-4o", max_tokens=200, messages=failed, betas=BETAS, context_management=COMPACT
+    )
+    assert answer.content
+    plain = client.beta.messages.count_tokens(model="gpt-4o", messages=history(12))
+    counted = client.beta.messages.count_tokens(
+        model="gpt-4o", messages=history(12), betas=BETAS, context_management=COMPACT
+    )
+    assert counted.input_tokens == plain.input_tokens  # no compaction made by a count
+    assert counted.context_management is not None
+    assert counted.context_management.original_input_tokens == plain.input_tokens
+
+
+def test_prefer_leaves_a_model_that_does_not_compact_to_the_gateway(
+    models: Models, client: anthropic.Anthropic
+) -> None:
+    """``native=prefer`` asks only the Claude models that compact server-side (Opus and
+    Sonnet from 4.6, every 5.x); an older model gets the gateway's own compaction."""
+    policy = {"x-contextgate-policy": "native=prefer, max-input=100000"}
+    client.messages.create(
+        model="claude-haiku-4-5", max_tokens=200, messages=history(3), extra_headers=policy
+    )
+    assert "context_management" not in models.claude.requests[-1]
