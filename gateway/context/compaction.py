@@ -302,7 +302,11 @@ def _checkpointed(result: CompactResult) -> CompactResult:
     checkpoint, continues that one."""
     sent = without_markers(result.request.get("messages") or [])
     tokens = result.report.tokens_after
-    return replace(result, state=result.state.with_history(sent, sent_tokens=tokens, cold=True))
+    state = result.state.with_history(sent, sent_tokens=tokens, cold=True)
+    # Cuts index the history as received, which the checkpoint replaces: made again.
+    fresh = {"media_cut": 0, "soft_cut": 0, "archive_cut": 0, "compacted_cut": 0}
+    state = state.with_cuts(**fresh, compacted_pins=(), checkpoint=None)
+    return replace(result, state=state)
 
 
 def _compaction_due(native: NativePlan | None, result: CompactResult) -> Compact | None:
@@ -415,6 +419,8 @@ async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None
     compaction = chat.compaction
     if compaction is not None:  # the checkpoint is what goes up now
         compaction = await _block(services, chat.namespace, chat.conversation, policy, result)
+        if compaction is not None:
+            result = _checkpointed(result)
     return replace(chat, policy=policy, result=result, content=None, compaction=compaction)
 
 

@@ -21,9 +21,11 @@ when the compaction was made, followed by the rest of that answer and what came 
 the conversation keeps its identity. A block whose signature does not hold (forged,
 another key's, its summary changed, a provider's own on a polyfilled route) is refused
 with a 400 that says so. A signed block whose checkpoint is gone (past ``offload-ttl``,
-or the store unavailable) stands for its summary: the session goes on with less detail
-rather than stop. A block the gateway did not make, on a route where the provider
-compacts (honour), is the provider's own: left alone.
+or the store unavailable) is left out when the client still sent the history it
+replaced (compacted again), and stands for its summary, which quotes the task and the
+latest request, when the client dropped it: the session goes on rather than stop. A
+block the gateway did not make, on a route where the provider compacts (honour), is the
+provider's own: left alone.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ _DEEP: Final = 0.8
 short of the emergency's deterministic shortening, so that a summary model is asked."""
 _CHECKPOINT_TAG: Final = b"contextgate.checkpoint.v1\n"
 """What a stored checkpoint begins with: no other object of the store is taken for one."""
+_QUOTED: Final = 2_000
+"""Characters of the task and of the latest request a compaction's summary quotes."""
 _LEAST_TARGET: Final = 0.05
 """The least ``target`` a policy takes."""
 _GATEWAY_TEXTS: Final = ("[Recalled context:", "[Context note:")
@@ -136,7 +140,9 @@ async def expanded(
     that block stands for, when the gateway made it (its signature checked under
     ``secret``, the store's: ``None`` when it cannot be read). A block the gateway did
     not make is refused when ``ours_only`` (the upstream could not read it), else left
-    alone. A block whose checkpoint is gone stands for its summary."""
+    alone. A signed block whose checkpoint is gone (expired, or the store down) is left
+    out when the client still sent the history it replaced, which the pipeline then
+    compacts again, and stands for its summary when the client dropped that history."""
     messages = body.get("messages") or []
     found = latest_block(messages)
     if found is None:
@@ -151,20 +157,24 @@ async def expanded(
         if ours_only:
             raise _refused("was not made by this gateway")
         return Expanded(body)
-    ref = _signed_ref(part, namespace, secret)
+    ref = _ref(part)
+    _check_signature(part, ref, namespace, secret)
     checkpoint = await _checkpoint(ref, content, store, namespace, ttl)
-    kept: list[Message]
-    if checkpoint is None:
-        kept, conversation = [_recalled(content)], None
-    else:
-        kept, conversation = checkpoint
     rest = [p for i, p in enumerate(turn["content"]) if i != part_index]
     after: list[Message] = []
     if rest or turn.get("tool_calls"):
         after.append({**turn, "content": rest or None})
     system = [m for m in messages[:index] if _is_system_prompt(m)]
-    new = {**body, "messages": [*system, *kept, *after, *messages[index + 1 :]]}
-    return Expanded(new, conversation, fallback=checkpoint is None)
+    if checkpoint is not None:
+        kept, conversation = checkpoint
+        new = {**body, "messages": [*system, *kept, *after, *messages[index + 1 :]]}
+        return Expanded(new, conversation)
+    if any(not _is_system_prompt(m) for m in messages[:index]):
+        # Gone, but the client sent the history it replaced: that history again.
+        new = {**body, "messages": [*messages[:index], *after, *messages[index + 1 :]]}
+    else:
+        new = {**body, "messages": [*system, _recalled(content), *after, *messages[index + 1 :]]}
+    return Expanded(new, None, fallback=True)
 
 
 async def block(
@@ -209,20 +219,32 @@ def _signature(secret: bytes, namespace: str, ref: str, content: str) -> str:
     return base64.urlsafe_b64encode(mac[:18]).decode()
 
 
-def _signed_ref(part: Mapping[str, Any], namespace: str, secret: bytes | None) -> str:
-    """The ref a block of the gateway's names, once its signature holds; a 400 when it
-    does not (forged, another key's, its content changed)."""
-    signed = str(part["encrypted_content"])[len(MARK) :]
-    ref, _, signature = signed.partition(".")
-    content = part.get("content")
-    if not REF_PATTERN.fullmatch(ref) or not isinstance(content, str):
+def _ref(part: Mapping[str, Any]) -> str:
+    """The ref a block of the gateway's names; a 400 when it names none."""
+    ref = str(part["encrypted_content"])[len(MARK) :].partition(".")[0]
+    if not REF_PATTERN.fullmatch(ref) or not isinstance(part.get("content"), str):
         raise _refused("was not made by this gateway")
-    if secret is None:
-        return ref  # the store is down: the checkpoint cannot be read either
-    expected = _signature(secret, namespace, ref, content)
-    if not hmac.compare_digest(signature.encode(), expected.encode()):
-        raise _refused("was not made by this gateway for this key, or its content was changed")
     return ref
+
+
+def _check_signature(
+    part: Mapping[str, Any], ref: str, namespace: str, secret: bytes | None
+) -> None:
+    """A 400 unless the block naming the checkpoint ``ref`` is the gateway's, for this
+    key, with the summary it made (forged, another key's, its content changed, or signed
+    under a secret the store no longer has: a gateway without a configured
+    ``store.secret`` makes a new one when it restarts). Not checked while the secret
+    cannot be read (the store is down): the checkpoint cannot be read either, and what
+    the block then brings in is the client's own text."""
+    if secret is None:
+        return
+    signature = str(part["encrypted_content"])[len(MARK) :].partition(".")[2]
+    expected = _signature(secret, namespace, ref, str(part["content"]))
+    if not hmac.compare_digest(signature.encode(), expected.encode()):
+        raise _refused(
+            "was not made by this gateway for this key, or its content was changed (or the"
+            " gateway's store secret changed since it was made: configure store.secret)"
+        )
 
 
 async def _checkpoint(
@@ -288,17 +310,31 @@ def _is_system_prompt(message: Message) -> bool:
 
 
 def _summary(messages: Sequence[Message], removed: int) -> str:
-    """The compaction's readable content: the summary and notes the pipeline wrote."""
-    texts = [
-        text
-        for text in (message_text(m) for m in messages if m.get("role") == "user")
-        if text.startswith(_GATEWAY_TEXTS)
-    ]
+    """The compaction's readable content: the task (the first user message), the summary
+    and notes the pipeline wrote, and the latest request; enough to go on from should the
+    checkpoint be gone."""
+    users = [message_text(m) for m in messages if m.get("role") == "user"]
+    written = [text for text in users if text.startswith(_GATEWAY_TEXTS)]
+    own = [text for text in users if text and not text.startswith(_GATEWAY_TEXTS)]
     head = (
         f"[contextgate compaction: {removed:,} tokens of earlier conversation were"
         " compacted; the gateway keeps what the model saw after it.]"
     )
-    return "\n\n".join([head, *texts])
+    parts = [head]
+    if own:
+        parts.append("The task: " + _clipped(own[0]))
+    parts.extend(written)
+    if len(own) > 1:
+        parts.append("The latest request: " + _clipped(own[-1]))
+    return "\n\n".join(parts)
+
+
+def _clipped(text: str) -> str:
+    """``text`` up to ``_QUOTED`` characters, its middle cut."""
+    if len(text) <= _QUOTED:
+        return text
+    half = _QUOTED // 2
+    return f"{text[:half]}\n[... {len(text) - _QUOTED:,} characters ...]\n{text[-half:]}"
 
 
 def with_block(body: bytes, compaction: Mapping[str, Any]) -> bytes:

@@ -66,7 +66,7 @@ FIELD: Final = "context_management"
 ON_DEMAND: Final = "compaction"
 """A Messages request's on-demand compaction (beta ``compact-2026-09-04``)."""
 _COMPACTING: Final = re.compile(
-    r"claude-(?:(?:opus|sonnet)-4-(?:[6-9]|\d\d)|[a-z]+-(?:[5-9]|\d\d))"
+    r"claude-(?:(?:opus|sonnet)-4-(?:[6-9]|[1-9]\d)|[a-z]+-(?:[5-9]|[1-9]\d))(?![0-9])"
 )
 _MAX_INPUT: Final = int(BOUNDS["max_input"][1])
 COMPACT_BETA: Final = "compact-2026-01-12"
@@ -208,7 +208,11 @@ def _within(stepped: Policy, policy: Policy, bounds: PolicyBounds) -> Policy:
             changes[name] = before
         elif key in bounds.ranges and value is not None:
             low, high = bounds.ranges[key]
-            changes[name] = type(value)(min(max(value, low), high))
+            clamped = type(value)(min(max(value, low), high))
+            # Stepping back defers the gateway's work: a clamp that would bring it
+            # earlier than the policy had it keeps the policy's value.
+            later = before is not None and clamped >= before and name != "max_input"
+            changes[name] = clamped if later or name == "max_input" else before
     if not changes:
         return stepped
     try:

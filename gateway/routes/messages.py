@@ -17,6 +17,7 @@ Errors, the gateway's own and relayed ones, use Anthropic's envelope
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
@@ -82,6 +83,13 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
         compaction = chat.compaction
         edit = chat.native.edits.compact if chat.native is not None else None
         if compaction is not None and edit is not None and edit.pause_after_compaction:
+            gateway.remember(
+                chat.namespace,
+                chat.conversation,
+                chat.result.state.answered(
+                    at=time.time(), edits=len(chat.result.report.applied_edits) + 1
+                ),
+            )
             return _paused(chat, compaction, call.request_id)
         wire = ChatWire(anthropic, openai_request)
         got = await answer(gateway, call, chat, wire, target.headers)

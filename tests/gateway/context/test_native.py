@@ -328,3 +328,20 @@ async def test_chat_under_native_off_sends_the_field_as_it_came() -> None:
     request = orjson.loads(sent.content)
     assert request[FIELD] == CLEAR
     assert [m["content"] for m in request["messages"]] == [m["content"] for m in chat_history()]
+
+
+def test_only_the_claude_models_that_compact_are_asked_to() -> None:
+    """``native=prefer`` asks Anthropic's compaction of Opus and Sonnet from 4.6 and of
+    every 5.x, dated or not; never of 4.0 (whose dated ids hold a 20...), 4.5 or Haiku 4.5."""
+    from gateway.context.native import compacts_server_side
+
+    yes = ["claude-opus-4-6", "claude-sonnet-4-6-20260201", "claude-opus-4-10", "claude-opus-5-5"]
+    no = [
+        "claude-sonnet-4-20250514",
+        "claude-opus-4-20250514",
+        "claude-sonnet-4-5-20250929",
+        "claude-haiku-4-5",
+        "gpt-4o",
+    ]
+    assert [m for m in yes if compacts_server_side(m)] == yes
+    assert [m for m in no if compacts_server_side(m)] == []

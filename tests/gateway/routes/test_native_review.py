@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.conftest import settings_for
-from tests.gateway.routes.test_native_compaction import BETAS, COMPACT, Models, history
+from tests.gateway.routes.test_native_compaction import BETAS, COMPACT, PAUSED, Models, history
 from tests.gateway.routes.test_native_edits import (
     CLEAR_4_KEEP_1,
     READ,
@@ -233,9 +233,10 @@ def test_a_block_whose_checkpoint_is_gone_stands_for_its_summary(
     models: Models, client: anthropic.Anthropic, anthropic_gateway: GatewayServer
 ) -> None:
     """The gateway's own block sent back after its checkpoint left the store (expired
-    after offload-ttl, or the store lost it): the session goes on, the model reading the
-    block's summary as recalled context in place of what it stood for. Before, a 400
-    stopped the session."""
+    after offload-ttl, or the store lost it): the session goes on. A client that still
+    sends the history the block replaced has that history compacted again, nothing lost;
+    one that dropped it has the block's summary, which quotes the task and the latest
+    request, read as recalled context. Before, a 400 stopped the session."""
     turns = history(12)
     answer = client.beta.messages.create(
         model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=COMPACT
@@ -244,29 +245,33 @@ def test_a_block_whose_checkpoint_is_gone_stands_for_its_summary(
     assert block.type == "compaction"
     assert block.encrypted_content is not None
     assert block.content is not None
+    assert "Task: audit the build logs." in block.content
     ref = block.encrypted_content.removeprefix(MARK).partition(".")[0]
     objects = anthropic_gateway.app.state.gateway.stores.objects
     objects._drop((namespace(anthropic_gateway), ref))
     assert restored(anthropic_gateway, ref).status_code == 404
+    whole = follow_up(turns, answer)
     again = client.beta.messages.create(
-        model="gpt-4o",
-        max_tokens=200,
-        messages=follow_up(turns, answer),
-        betas=BETAS,
-        context_management=COMPACT,
+        model="gpt-4o", max_tokens=200, messages=whole, betas=BETAS, context_management=COMPACT
     )
     assert again.content
-    went_up = models.chat.requests[-1]["messages"]
+    went_up = orjson.dumps(models.chat.requests[-1]["messages"]).decode()
+    assert "[Recalled context" not in went_up
+    assert "Task: audit the build logs." in went_up  # the client's history, compacted again
+    dropped = whole[-2:]  # the block's turn and what follows it
+    client.beta.messages.create(
+        model="gpt-4o", max_tokens=200, messages=dropped, betas=BETAS, context_management=COMPACT
+    )
+    sent = models.chat.requests[-1]["messages"]
     recalled = [
         m
-        for m in went_up
+        for m in sent
         if m["role"] == "user"
         and isinstance(m["content"], str)
         and m["content"].startswith("[Recalled context")
     ]
     assert len(recalled) == 1
     assert block.content in recalled[0]["content"]
-    assert "line-5-299" not in orjson.dumps(went_up).decode()  # the history stays dropped
 
 
 # -- 4. the overflow retry keeps the client's edits ---------------------------------------
@@ -569,3 +574,63 @@ async def test_prefer_on_the_responses_websocket_sends_the_providers_compaction(
     (sent,) = [r.json() for r in upstream.received if r.method == "WS"]
     assert sent["input"] == "Hi"
     assert sent["context_management"] == [{"type": "compaction", "compact_threshold": 70_000}]
+
+
+def settled(gateway: GatewayServer, before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The caller's records once the background write of the last request has landed."""
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        found = records(gateway)
+        if found and found != before:
+            return found
+        time.sleep(0.02)
+    return records(gateway)
+
+
+def test_the_record_carries_on_after_a_retried_or_paused_compaction(
+    models: Models, client: anthropic.Anthropic, anthropic_gateway: GatewayServer, upstream: Any
+) -> None:
+    """A compaction made again after an upstream overflow, and one answered paused
+    without the model, leave a record the next request (its block expanded) continues:
+    one more call, the earlier answers' ids kept, no second record."""
+    compact = {
+        "edits": [
+            {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 30_000}}
+        ]
+    }
+    turns = history(60)
+    upstream.push(JSONReply(OVERFLOW, status=400))
+    answer = client.beta.messages.create(
+        model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=compact
+    )
+    assert answer.content[0].type == "compaction"
+    ((conversation, first),) = settled(anthropic_gateway).items()
+    client.beta.messages.create(
+        model="gpt-4o",
+        max_tokens=200,
+        messages=follow_up(turns, answer),
+        betas=BETAS,
+        context_management=compact,
+    )
+    after = settled(anthropic_gateway, {conversation: first})
+    assert list(after) == [conversation]
+    assert after[conversation].calls == first.calls + 1
+    assert set(first.answer_ids) <= set(after[conversation].answer_ids)
+
+
+def test_a_paused_compaction_is_recorded(
+    models: Models, client: anthropic.Anthropic, anthropic_gateway: GatewayServer
+) -> None:
+    """A compaction answered paused (no model asked) is the conversation's call: its
+    record counts it and its edit, and takes the checkpoint as the history sent, its
+    cuts (which indexed the client's longer history) made anew."""
+    turns = history(12)
+    paused = client.beta.messages.create(
+        model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=PAUSED
+    )
+    assert paused.stop_reason == "compaction"
+    ((_, state),) = settled(anthropic_gateway).items()
+    assert state.calls == 1
+    assert state.native_edits == 1
+    assert state.seen < len(turns)
+    assert (state.compacted_cut, state.soft_cut, state.archive_cut) == (0, 0, 0)
