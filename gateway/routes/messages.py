@@ -42,7 +42,7 @@ from gateway.codecs.messages_openai import (
 )
 from gateway.context.answer import answer
 from gateway.context.compaction import ChatRequest, compact, refuse_upstream_choice
-from gateway.context.compaction_block import block_events, paused, paused_events, with_block
+from gateway.context.compaction_answers import block_events, paused, paused_events, with_block
 from gateway.context.native import COMPACT_BETA, FIELD, preferred_field
 from gateway.context.restore import chain
 from gateway.context.wires import ChatWire, MessagesWire
