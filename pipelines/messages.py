@@ -88,7 +88,11 @@ def iter_parts(content: Any) -> Iterator[tuple[PartKind, str]]:
         elif part_type == "reasoning":
             yield "text", _reasoning_text(part)
         elif part_type == "compaction":
-            continue  # opaque: the token counter estimates what it stands for
+            # Its encrypted content is opaque (the token counter estimates it); an
+            # Anthropic block's readable summary is text the model reads.
+            summary = part.get("content")
+            if isinstance(summary, str):
+                yield "text", summary
         else:
             text = part.get("text", part.get("thinking", part.get("refusal")))
             if isinstance(text, str):

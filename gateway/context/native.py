@@ -134,14 +134,22 @@ def compacts_server_side(model: str) -> bool:
 
 
 def preferred(
-    api: str, *, provider_compacts: bool, budget: int, policy: Policy
+    api: str,
+    *,
+    provider_compacts: bool,
+    budget: int,
+    policy: Policy,
+    honoured: NativePlan | None = None,
 ) -> NativePlan | None:
-    """With the policy's ``native=prefer``, for a request that asks for no compaction of
-    its own: the provider's compaction, asked at the gateway's own ``trigger`` of the
-    budget, when the provider compacts server-side and the client can send its
-    compaction back (Messages to Claude, stateless Responses) and the trigger is at
-    least the API's least (``MIN_PROVIDER_TRIGGER``)."""
+    """With the policy's ``native=prefer``, for a request that asks no compaction of its
+    own (none, or only edits the provider applies: ``honoured``, kept beside it): the
+    provider's compaction, asked at the gateway's own ``trigger`` of the budget, when the
+    provider compacts server-side and the client can send its compaction back (Messages
+    to Claude, stateless Responses) and the trigger is at least the API's least
+    (``MIN_PROVIDER_TRIGGER``)."""
     if policy.native != "prefer" or not provider_compacts:
+        return None
+    if honoured is not None and (honoured.mode != "honour" or honoured.edits.compact):
         return None
     trigger = int(policy.trigger * budget)
     if trigger < MIN_PROVIDER_TRIGGER:
@@ -150,19 +158,24 @@ def preferred(
         f"policy native=prefer: the provider is asked to compact from {trigger:,} input tokens"
         " instead of the gateway's own summary"
     )
-    edits = NativeEdits(compact=Compact(trigger))
+    kept = honoured.edits if honoured is not None else NativeEdits()
+    edits = replace(kept, compact=Compact(trigger))
     return NativePlan("prefer", edits, reason, api="openai" if api == "responses" else "anthropic")
 
 
-def preferred_field(native: NativePlan) -> Any:
+def preferred_field(native: NativePlan, sent: Any = None) -> Any:
     """The ``context_management`` that asks the provider for ``native``'s compaction, in
-    the plan's API: Anthropic's edit, or the Responses API's list."""
+    the plan's API (Anthropic's edit, or the Responses API's list), after the client's own
+    (``sent``, the edits the provider applies for it)."""
     compact = native.edits.compact
     assert compact is not None
     if native.api == "openai":
-        return [{"type": "compaction", "compact_threshold": compact.trigger}]
+        own = list(sent) if isinstance(sent, list) else []
+        return [*own, {"type": "compaction", "compact_threshold": compact.trigger}]
     trigger = {"type": "input_tokens", "value": compact.trigger}
-    return {"edits": [{"type": COMPACT, "trigger": trigger}]}
+    edits = sent.get("edits") if isinstance(sent, Mapping) else None
+    own = list(edits) if isinstance(edits, list) else []
+    return {**(sent or {}), "edits": [*own, {"type": COMPACT, "trigger": trigger}]}
 
 
 def planned_policy(

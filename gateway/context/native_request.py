@@ -103,13 +103,17 @@ def _native_plan(
         native = plan(
             body, policy, upstream_applies=applies, upstream=upstream, blocks=api == "messages"
         )
-    if native is not None or policy.native != "prefer":
+    if policy.native != "prefer":
         return native
     compacts = (api == "messages" and anthropic and compacts_server_side(model)) or (
         api == "responses" and history_seen
     )
     budget = Budget.for_request(services.pipeline.catalog.lookup(model), policy, body)
-    return preferred(api, provider_compacts=compacts, budget=budget.input_tokens, policy=policy)
+    tokens = budget.input_tokens
+    asked = preferred(
+        api, provider_compacts=compacts, budget=tokens, policy=policy, honoured=native
+    )
+    return asked or native
 
 
 def _note_native(services: Services, native: NativePlan) -> None:

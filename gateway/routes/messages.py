@@ -111,7 +111,7 @@ async def messages(request: Request[Any, Any, Any]) -> ASGIResponse:
     if info.thinking_bound and chat.rewritten:
         native, headers = _unbound(native, headers, chat)
     if chat.native is not None and chat.native.mode == "prefer":
-        native = {**native, FIELD: preferred_field(chat.native)}
+        native = {**native, FIELD: preferred_field(chat.native, native.get(FIELD))}
         headers = with_beta(headers, COMPACT_BETA)
 
     def request_for(outgoing: Mapping[str, Any]) -> dict[str, Any]:

@@ -101,7 +101,8 @@ def with_preferred(inbound: InboundRequest, chat: ChatRequest) -> InboundRequest
     (``gateway.context.native``)."""
     if chat.native is None or chat.native.mode != "prefer":
         return inbound
-    return replace(inbound, native={**inbound.native, FIELD: preferred_field(chat.native)})
+    field = preferred_field(chat.native, inbound.native.get(FIELD))
+    return replace(inbound, native={**inbound.native, FIELD: field})
 
 
 def wire_for(chat: ChatRequest, inbound: InboundRequest, raw: bytes | None) -> ResponsesWire:

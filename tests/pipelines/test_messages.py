@@ -48,3 +48,15 @@ def test_conversation_round_trip_keeps_fields_and_order() -> None:
     assert request["messages"] == [{"role": "user", "content": "a"}]
     assert changed.get("prompt_cache_key") == "k"
     assert conversation.model == "m"
+
+
+def test_a_compaction_blocks_summary_is_counted_as_text() -> None:
+    """An Anthropic compaction block's readable summary is text the model reads (counted);
+    its encrypted content, and a Responses compaction item, are opaque (estimated apart)."""
+    anthropic_block = {
+        "type": "compaction",
+        "content": "The task so far.",
+        "encrypted_content": "x",
+    }
+    responses_item = {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA"}
+    assert list(iter_parts([anthropic_block, responses_item])) == [("text", "The task so far.")]

@@ -498,3 +498,27 @@ def test_prefer_leaves_a_model_that_does_not_compact_to_the_gateway(
         model="claude-haiku-4-5", max_tokens=200, messages=history(3), extra_headers=policy
     )
     assert "context_management" not in models.claude.requests[-1]
+
+
+def test_prefer_adds_the_providers_compaction_to_the_clients_own_edits(
+    models: Models, client: anthropic.Anthropic, upstream: MockUpstream
+) -> None:
+    """A client that asks Claude only to clear thinking (as Claude Code does on every
+    request) still gets the provider's compaction under ``native=prefer``: its own edit
+    first, as sent, the compaction after it."""
+    thinking = {"type": "clear_thinking_20251015", "keep": "all"}
+    client.beta.messages.create(
+        model="claude-opus-5-5",
+        max_tokens=200,
+        messages=history(3),
+        betas=["context-management-2025-06-27"],
+        context_management={"edits": [thinking]},
+        extra_headers={"x-contextgate-policy": "native=prefer, max-input=100000"},
+    )
+    sent = models.claude.requests[-1]["context_management"]
+    trigger = {"type": "input_tokens", "value": 70_000}
+    assert sent == {"edits": [thinking, {"type": "compact_20260112", "trigger": trigger}]}
+    received = [r for r in upstream.received if r.path.startswith("/v1/messages")][-1]
+    betas = received.headers["anthropic-beta"]
+    assert "context-management-2025-06-27" in betas
+    assert "compact-2026-01-12" in betas
