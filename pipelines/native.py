@@ -12,7 +12,7 @@ reads the request:
   lists); with ``clear_at_least``, nothing is cleared unless that many tokens would be.
 - ``clear_thinking_20251015``: the thinking of every assistant turn but the latest
   ``keep`` thinking turns (default 1; ``"all"`` keeps every one) is dropped.
-- ``compact_20260112``: once the request is over its ``trigger`` (default 150,000 input
+- ``compact_20260112``: once the request reaches its ``trigger`` (default 150,000 input
   tokens), the conversation is summarised into a ``compaction`` block that begins the
   answer; the client sends it back and the API drops what precedes it.
 
@@ -24,13 +24,17 @@ upstream, under the policy's ``native`` key:
   pruning of its own below the budget's edge when the client asked for compaction, no tool output
   filtered or pruned when it asked for tool uses to be cleared, no thinking dropped when it
   asked for thinking to be cleared. Hygiene and the budget guards stay on.
-- ``polyfill``: the upstream cannot apply them, so the pipeline does (the ``native_edits``
-  stage), with its own machinery: what it clears is offloaded first and its placeholder
-  names the ref. The answer reports the edits applied in the API's own shape.
+- ``polyfill``: the upstream cannot apply them, so the gateway does: the clearing edits
+  in the ``native_edits`` stage, the tool results and inputs it clears offloaded first
+  behind placeholders naming their refs (cleared thinking is dropped, as the API drops
+  it), the compaction in the host (``gateway.context.native_request``). The pipeline
+  steps back as for ``honour``. The answer reports the edits applied in the API's own
+  shape.
 - ``prefer``: the client asked for none, and the gateway asks the provider for its
   compaction instead of writing its own summary (the host adds the edit); the pipeline
   steps back as for ``honour``.
-- ``off``: the gateway ignores them (the request still carries what the client sent).
+With the policy's ``native=off`` there is no plan: the gateway ignores them (the request
+still carries what the client sent).
 
 Everything here is pure: parsing (``parse_edits``, which raises ``NativeEditError`` naming
 the offending field, as the API's 400 would) and the policy adjustment.

@@ -114,8 +114,10 @@ class ConversationState:
     native_edits: int = 0
     """Context edits applied to this conversation's requests so far at the client's asking
     (``context_management``): by the provider (its ``applied_edits`` and compactions, as
-    its answers report them) or by the gateway for it. The prefix changes they made are
-    known ones (``gateway.context.cache_breaks``)."""
+    its answers report them) or by the gateway for it: the prefix changes the
+    conversation went through at its client's asking, kept for its record (a break a
+    provider's edit makes is judged from that request's own answer,
+    ``gateway.context.cache_breaks``)."""
     answer_ids: tuple[str, ...] = ()
     """The ids the upstream gave the conversation's last answers (at most
     ``ANSWER_IDS``), oldest first: an answer translated for another API gets an id of the

@@ -1,13 +1,18 @@
 """A client's chat request compacted under its policy: the pipeline run over it.
 
-Shared by the chat and Messages routes, which then send the result (``gateway.context.answer``),
-and by the dry runs (``POST /v1/context/compact``, ``count_tokens``), which return or
-count it. The request's policy (its tenant's, tuned by its header), its conversation's
-identity and record, its summary model's client and where it goes (its ``Target``) are
-decided here. So is the gateway's restore tool, so that the pipeline budgets it and sees
-it as the provider will (``_compact_with_restore_tool``). ``recompact`` serves the
-overflow retry: when the upstream says the request was too long for its window anyway,
-the same request is compacted again to half the budget.
+Shared by the chat, Messages and Responses routes (HTTP and WebSocket), which then send
+the result (``gateway.context.answer``, or the WebSocket itself), and by the dry runs
+(``POST /v1/context/compact``, ``count_tokens``), which return or count it. The request's
+policy (its tenant's, tuned by its header), where it goes (its ``Target``), what its
+native ``context_management`` gets (``gateway.context.native_request``: the plan, the
+policy stepped back, a compaction block of the gateway's expanded, and the client's
+compaction made once due), its conversation's identity and record and its summary
+model's client are decided here. So is the gateway's restore tool, so that the pipeline
+budgets it and sees it as the provider will (``_compact_with_restore_tool``).
+``recompact`` serves the overflow retry: when the upstream says the request was too long
+for its window anyway, the same request is compacted again (deterministically) to half
+of its budget or of its size, whichever is less, under the same native plan, the
+compaction block made anew for what goes up then.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 compaction block it answers with, and what a block it made stands for when the client
 sends it back.
 
-When a Messages request that asks for compaction is over its trigger, the gateway
+When a Messages request that asks for compaction reaches its trigger, the gateway
 compacts it with its own pipeline, under a policy that cuts deep
-(``compaction_policy``): the span becomes the 11-field summary (or, without a summary
-model, notes naming the refs of what was removed), the protected tail stays. The
+(``compaction_policy``): the span becomes the 11-field summary (notes naming the refs of
+what was removed when summaries are off or fail), the protected tail stays. The
 messages that came out, all but the system prompt, are the *checkpoint*: stored in the
 offload store (tagged as one), in the caller's namespace, for ``offload-ttl`` (renewed at
 each use), with the conversation's identity. The client gets a ``compaction`` block at

@@ -1,6 +1,9 @@
-"""Provider-native context management at the gateway: which of honour, polyfill or off a
-request's ``context_management`` gets (``plan``), and the answer's account of what the
-gateway applied itself (``with_applied_edits``, ``applied_events``, ``applied_chunks``).
+"""Provider-native context management at the gateway: what a request's
+``context_management`` gets (``plan`` for Anthropic's edits and on-demand compaction,
+``responses_plan`` for the Responses API's; ``preferred`` under the policy's
+``native=prefer``), the policy stepped back for it (``planned_policy``), and the answer's
+account of what the gateway applied itself (``with_applied_edits``, ``applied_events``,
+``applied_chunks``). ``gateway.context.native_request`` runs these for one request.
 
 Anthropic's edits (``pipelines.native``) reach the gateway in a Messages request's or a
 chat request's ``context_management``:
@@ -10,14 +13,18 @@ chat request's ``context_management``:
   ``compaction`` block, is relayed as it came;
 - on ``/v1/messages`` to an OpenAI-compatible model (a Claude model behind an
   OpenAI-compatible router included), and on ``/v1/chat/completions`` to any model (the
-  chat API has no such field), the upstream cannot: ``polyfill``. The pipeline applies
-  them (stage ``native_edits``), the field does not go up, and the answer carries
-  ``context_management.applied_edits`` as Anthropic's would: on the message (Messages),
-  in the ``message_delta`` event (a Messages stream), at the completion's top level (chat),
-  in a last chunk before ``[DONE]`` (a chat stream).
+  chat API has no such field), the upstream cannot: ``polyfill``. The gateway applies
+  them (stage ``native_edits``; a compaction in ``native_request``), the field does not go
+  up (``without_field``), and the answer carries ``context_management.applied_edits`` as
+  Anthropic's would: on the message (Messages), in the ``message_delta`` event (a
+  Messages stream), at the completion's top level (chat), in a last chunk before
+  ``[DONE]`` (a chat stream);
+- with ``native=prefer``, a request that asks no compaction of its own to a provider
+  that compacts server-side gets the provider's (``preferred_field``, after the client's
+  own edits). With ``native=off`` there is no plan.
 
 A ``polyfill`` request whose edits the API would refuse is refused (400, naming the
-field); an ``honour`` one goes up as it is, and the upstream's 400 comes back.
+field); an ``honour`` one goes up as it is, for the upstream's 400.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 - ``ChatWire``: OpenAI chat completions, to an OpenAI-compatible upstream. An inbound
   Messages request sent this way has its Anthropic-only fields removed first
-  (``prepare``: ``openai_request``) and always asks for the usage of its stream.
+  (``prepare``: ``openai_request``) and always asks for the usage of its stream; a chat
+  request whose native edits the gateway applied, its ``context_management``
+  (``native.without_field``).
 - ``MessagesWire``: the Anthropic Messages API natively (``AnthropicUpstream.send_messages``),
   for every request to Claude: a Messages client's (its own fields laid over the
   pipeline's request, and its answer Anthropic's own bytes) and a chat client's (the

@@ -3,7 +3,8 @@ dispatched, buffered or streamed, relayed as it came or translated for the clien
 
 A ``Translation`` says how an answer in the upstream's API becomes one in the client's
 (the Messages route answering from an OpenAI-compatible model, the chat route from
-Claude); without one, the upstream's answer is the client's, byte for byte.
+Claude; ``reporting_edits`` adds the native edits the gateway applied, the Messages route
+its compaction block); without one, the upstream's answer is the client's, byte for byte.
 """
 
 from __future__ import annotations

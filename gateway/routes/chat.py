@@ -1,9 +1,13 @@
 """``POST /v1/chat/completions``: parse, compact, exchange with the upstream, respond.
 
 To an OpenAI-compatible upstream the pipeline's request goes as it is and the answer comes
-back as it came. To Claude (``claude-*`` models) the request goes as its Messages
-translation over the Anthropic wire (``gateway.codecs.chat_anthropic``: the restore loop and the
-conversation's record work on Anthropic's own answer) and the answer is translated back: a
+back as it came, except for the client's Anthropic-style ``context_management``, which the
+gateway applies itself (``gateway.context.native``): the field does not go up, and the
+answer reports the edits applied (``routes.answers.reporting_edits``).
+
+To Claude (``claude-*`` models) the request goes as its Messages translation over the
+Anthropic wire (``gateway.codecs.chat_anthropic``: the restore loop and the conversation's
+record work on Anthropic's own answer) and the answer is translated back: a
 message into a chat completion, the Messages events into chunks as they arrive (with a
 usage chunk when the client asked for one), an error into OpenAI's envelope.
 """

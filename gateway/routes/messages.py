@@ -5,11 +5,19 @@ The request is read as a Messages request, turned into the chat request the pipe
 on (``gateway.codecs.messages``), compacted like any other, then sent on:
 
 - to the built-in Anthropic provider (``claude-*`` models), natively: the pipeline's
-  request goes back to Messages form with the client's own Anthropic-only fields, and the
-  answer is Anthropic's own bytes, streamed or not (``MessagesWire``);
+  request goes back to Messages form with the client's own Anthropic-only fields (its
+  ``context_management`` as sent, with the provider's compaction added under
+  ``native=prefer``), and the answer is Anthropic's own bytes, streamed or not
+  (``MessagesWire``);
 - to an OpenAI-compatible upstream (any other model), as chat completions, and the answer
   comes back translated: a completion into a Messages answer, chunks into Messages events
-  as they arrive, an error into Anthropic's error envelope.
+  as they arrive, an error into Anthropic's error envelope; with the native edits the
+  gateway applied for it (``applied_edits``) and, once the client's compaction was due,
+  the gateway's ``compaction`` block first. A compaction paused after it, or asked on
+  demand, is answered without asking the model.
+
+``count_tokens`` counts the request as it would go (no new compaction made), with
+``context_management.original_input_tokens`` when the gateway applied edits to it.
 
 Errors, the gateway's own and relayed ones, use Anthropic's envelope
 ``{"type": "error", "error": {"type", "message"}}``.

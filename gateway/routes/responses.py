@@ -5,7 +5,8 @@ The request is read as a Responses request, turned into the chat request the pip
 works on (``gateway.codecs.responses``), compacted like any other, and sent to the
 OpenAI-compatible upstream as a Responses request again: every item the pipeline left
 alone as the client sent it (encrypted reasoning and compaction items are never edited),
-every other field as it came. The answer is the upstream's, byte for byte; its usage
+every other field as it came (with the provider's compaction asked for under
+``native=prefer``: ``with_preferred``). The answer is the upstream's, byte for byte; its usage
 (``response.completed`` when streamed) feeds the conversation's record.
 
 A request that continues server-side state (``previous_response_id``, ``conversation``)

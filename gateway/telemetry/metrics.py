@@ -197,7 +197,7 @@ class Metrics:
             registry=registry,
         )
 
-        # Native context management (gateway.context.compaction)
+        # Native context management (gateway.context.native_request)
         self.native_edits = Counter(
             "contextgate_native_edits",
             "Provider-native context edits requested, by edit (clear_tool_uses_20250919,"

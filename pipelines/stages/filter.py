@@ -1,4 +1,4 @@
-"""Stage 3: JSON tool outputs made compact; outputs over ``filter-tokens`` offloaded whole,
+"""Stage 4: JSON tool outputs made compact; outputs over ``filter-tokens`` offloaded whole,
 behind a preview.
 
 One oversized tool result (a database dump, a build log, a page of HTML) can take most of

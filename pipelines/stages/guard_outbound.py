@@ -1,4 +1,4 @@
-"""Stage 9: the request that leaves must fit its budget.
+"""Stage 10: the request that leaves must fit its budget.
 
 The budget is ``min(window - output reserve, max-input)``. If the stages before could not
 bring the request under it, the gateway answers 400 ``context_length_exceeded`` and sends

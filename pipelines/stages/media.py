@@ -1,4 +1,4 @@
-"""Stage 2: media only in the last ``keep-images`` media-bearing messages.
+"""Stage 3: media only in the last ``keep-images`` media-bearing messages.
 
 Base64 screenshots resent on every turn are the classic way a long agent session outgrows
 its window (and its request-size limit). Image, audio, video, file and document (PDF)

@@ -9,13 +9,16 @@ cannot apply them (``pipelines.native``, a ``polyfill`` plan).
   or the client can have it back; a result the store did not take stays as it is. With
   ``clear_at_least``, nothing is cleared unless that many tokens would be.
 - ``clear_thinking_20251015``: the thinking (blocks and ``reasoning_content``) of every
-  assistant turn but the latest ``keep`` thinking turns is dropped.
+  assistant turn but the latest ``keep`` thinking turns is dropped (without ``keep``, the
+  model's default: all kept on a model that keeps earlier thinking, the latest turn's on
+  another).
 
 Each edit applied is recorded in the API's ``applied_edits`` shape (``applied_edits`` in
 the stage's details), which the gateway puts in its answer. The clearing depends only on
 the request, so the same history is cleared the same way on every request (refs are
 content-addressed): the outgoing prefix moves only when the trigger or ``keep`` moves it.
-``compact_20260112`` is the host's (``gateway.context.native``): it needs the answer.
+``compact_20260112`` is the host's (``gateway.context.native_request``): it needs the
+answer.
 """
 
 from __future__ import annotations

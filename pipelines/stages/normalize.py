@@ -1,4 +1,4 @@
-"""Stage 7: tool-call structure that every provider accepts, without losing anything.
+"""Stage 8: tool-call structure that every provider accepts, without losing anything.
 
 - Every assistant ``tool_calls`` entry is answered by a ``tool`` message in the block that
   follows it; a call left without one (an interrupted run, or a result removed earlier) gets

@@ -1,4 +1,4 @@
-"""Stage 6: the compacted span replaced by a structured summary a model wrote.
+"""Stage 7: the compacted span replaced by a structured summary a model wrote.
 
 When compress cuts the span (from ``trigger``), this stage replaces what it made of it by
 one recalled-context message holding the 11-field summary of those messages, listing the

@@ -1,4 +1,4 @@
-"""Stage 1: reasoning cleanup, by the model's thinking style in the catalog.
+"""Stage 2: reasoning cleanup, by the model's thinking style in the catalog.
 
 - ``anthropic``: ``thinking`` and ``redacted_thinking`` blocks (signatures and all) are
   kept where the model keeps them. A request that asks for its own thinking cleanup

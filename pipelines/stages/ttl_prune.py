@@ -1,4 +1,4 @@
-"""Stage 4: old tool results trimmed while the provider's prompt cache is cold.
+"""Stage 5: old tool results trimmed while the provider's prompt cache is cold.
 
 A long agent session carries tool results that stopped mattering many turns ago. Rewriting
 them breaks the provider's cached prefix, so the time to do it is when that cache is cold
@@ -20,7 +20,7 @@ the same rewrites are applied again up to those cuts (same bytes, as refs are
 content-addressed), so the outgoing prefix does not move; the cuts themselves only advance
 on a cold cache.
 
-With a warm cache the stage does nothing new even under pressure: compress (stage 5) deals
+With a warm cache the stage does nothing new even under pressure: compress (stage 6) deals
 with pressure, with cuts that stay put from turn to turn. Letting this stage move its cuts
 under pressure too was measured on the tau-bench replays at max-input 4,000: the two
 mechanisms moved each other's cuts, and the cost under cache pricing rose from 1.19x to

@@ -1,4 +1,4 @@
-"""Stage 8: provider prompt-cache hints, and cache-break prediction.
+"""Stage 9: provider prompt-cache hints, and cache-break prediction.
 
 **Anthropic and Qwen/DashScope** cache only where told to: ``cache_control`` breakpoints,
 at most 4 per request counting the client's own. The stage adds 5-minute (``ephemeral``)

@@ -1,4 +1,4 @@
-"""Stage 5: deterministic compaction, stable from turn to turn.
+"""Stage 6: deterministic compaction, stable from turn to turn.
 
 Clients resend the whole raw history on every request, so compaction must give the same
 compacted prefix each time the same history comes back with more appended; otherwise every
