@@ -76,6 +76,12 @@ class ConversationState:
     """Digest of the previous request's last message: a request that does not have it at
     the same place is not a continuation (another conversation under the same identity,
     or an edited history), and the record does not apply to it."""
+    also_seen: int = 0
+    """Messages of another history the previous request stands for (0: none): when the
+    gateway compacted it for its client, the record follows the checkpoint's history, and
+    this is the client's own, which a client that never got the compaction sends again."""
+    also_digest: str = ""
+    """Digest of that history's last message."""
     sent_tokens: int | None = None
     """Tokens the pipeline sent for the previous request."""
     checkpoint: dict[str, Any] | None = None
@@ -127,7 +133,14 @@ class ConversationState:
         """Whether ``messages`` continue the previous request of this record."""
         if not self.seen:
             return True
-        return len(messages) >= self.seen and digest(messages[self.seen - 1]) == self.last_digest
+        if len(messages) >= self.seen and digest(messages[self.seen - 1]) == self.last_digest:
+            return True
+        also = self.also_seen
+        return (
+            bool(also)
+            and len(messages) >= also
+            and digest(messages[also - 1]) == (self.also_digest)
+        )
 
     def with_history(
         self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
@@ -138,9 +151,19 @@ class ConversationState:
             self,
             seen=len(messages),
             last_digest=digest(messages[-1]) if messages else "",
+            also_seen=0,
+            also_digest="",
             sent_tokens=sent_tokens,
             cold_sent=cold,
         )
+
+    def standing_for(
+        self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
+    ) -> ConversationState:
+        """This state with ``messages`` as its history (a checkpoint's), the history it
+        had still followed as well (``also_seen``)."""
+        after = self.with_history(messages, sent_tokens=sent_tokens, cold=cold)
+        return _replace(after, also_seen=self.seen, also_digest=self.last_digest)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))

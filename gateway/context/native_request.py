@@ -135,7 +135,7 @@ def checkpointed(result: CompactResult) -> CompactResult:
     checkpoint, continues that one."""
     sent = without_markers(result.request.get("messages") or [])
     tokens = result.report.tokens_after
-    state = result.state.with_history(sent, sent_tokens=tokens, cold=True)
+    state = result.state.standing_for(sent, sent_tokens=tokens, cold=True)
     # Cuts index the history as received, which the checkpoint replaces: made again.
     fresh = {"media_cut": 0, "soft_cut": 0, "archive_cut": 0, "compacted_cut": 0}
     state = state.with_cuts(**fresh, compacted_pins=(), checkpoint=None)

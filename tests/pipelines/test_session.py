@@ -136,3 +136,20 @@ async def test_the_misses_of_a_request_that_broke_its_prefix_do_not_make_the_nex
     after = await pipeline.compact({**request, "messages": messages}, state=state, now=NOW + 10)
     assert after.report.cache == "hot"
     assert after.report.cache_break is None
+
+
+def test_a_record_standing_for_a_checkpoint_follows_either_history() -> None:
+    """After a compaction the gateway made for its client, the record follows the
+    checkpoint's history (the block sent back, expanded) and still the client's own (the
+    client retrying a request whose answer, with the block, never reached it); the next
+    request's history is the only one again."""
+    own = [{"role": "user", "content": f"turn {n}"} for n in range(6)]
+    checkpoint = [{"role": "user", "content": "[Context note: ...]"}, own[-1]]
+    state = ConversationState().with_history(own, sent_tokens=100, cold=False)
+    stood = state.standing_for(checkpoint, sent_tokens=20, cold=True)
+    later = {"role": "user", "content": "next"}
+    assert stood.follows([*checkpoint, later])
+    assert stood.follows([*own, later])
+    assert not stood.follows([{"role": "user", "content": "another"}, later])
+    moved = stood.with_history([*checkpoint, later], sent_tokens=30, cold=False)
+    assert not moved.follows([*own, later])
