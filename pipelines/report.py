@@ -45,6 +45,15 @@ class Report:
     (``pipelines.native.NativePlan.as_dict``); ``None`` when it carried none."""
 
     @property
+    def received_tokens(self) -> int:
+        """The request's tokens as the client sent it: without the tools the host added
+        (the count the ``native_edits`` stage compares the client's triggers with, when it
+        ran), else ``tokens_before``."""
+        stage = self.stage("native_edits")
+        found = stage.details.get("input_tokens") if stage is not None else None
+        return found if isinstance(found, int) else self.tokens_before
+
+    @property
     def applied_edits(self) -> list[dict[str, Any]]:
         """The native edits the gateway applied itself (a polyfill), in the API's
         ``applied_edits`` shape."""

@@ -137,6 +137,18 @@ class StageContext:
         found = self.reencodings.get(id(message))
         return found[0] if found is not None and found[1] is message else message
 
+    async def offload(self, content: bytes) -> str | None:
+        """Write ``content`` to the store for ``offload-ttl``: its ref once the write is
+        acknowledged, ``None`` when the store did not take it (counted in the running
+        stage's ``store_failures``; the content then stays in place)."""
+        if self.store is None:
+            return None
+        try:
+            return await self.store.put(self.namespace, content, ttl=self.policy.offload_ttl)
+        except StoreError:
+            self.details["store_failures"] = self.details.get("store_failures", 0) + 1
+            return None
+
     async def confirmed(self, ref: str) -> bool:
         """Whether ``ref`` is still in the store (renewing it for ``offload-ttl``), asked
         cheaply where the store can (``touch``), else by reading it: what a rewrite made on

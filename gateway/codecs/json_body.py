@@ -9,7 +9,7 @@ import orjson
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["json_object", "json_type", "shown", "type_error"]
+__all__ = ["json_dict", "json_object", "json_type", "shown", "type_error"]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -28,6 +28,16 @@ def json_object(raw: bytes) -> dict[str, Any]:
             f"The request body must be a JSON object, got {json_type(body)}.", code="invalid_body"
         )
     return body
+
+
+def json_dict(data: bytes) -> dict[str, Any] | None:
+    """The JSON object in ``data``, or ``None`` when it holds none: an answer or an event
+    read leniently, to add to or take from it what is there."""
+    try:
+        found = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def type_error(param: str, expected: str, got: Any) -> InvalidRequest:

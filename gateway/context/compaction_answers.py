@@ -14,18 +14,16 @@ from typing import Any
 
 import orjson
 
-from gateway.http.sse import event_data
+from gateway.codecs.json_body import json_dict
+from gateway.http.sse import event_json
 
 __all__ = ["block_events", "paused", "paused_events", "with_block"]
 
 
 def with_block(body: bytes, compaction: Mapping[str, Any]) -> bytes:
     """A Messages answer's JSON with ``compaction`` as its first content block."""
-    try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+    message = json_dict(body)
+    if message is None or not isinstance(message.get("content"), list):
         return body
     message["content"] = [dict(compaction), *message["content"]]
     return orjson.dumps(message)
@@ -39,7 +37,7 @@ async def block_events(
     content, stopped), the stream's own blocks one index further."""
     started = False
     async for event in events:
-        data = _data(event)
+        data = event_json(event)
         if data is None:
             yield event
             continue
@@ -125,14 +123,3 @@ def _block_events(compaction: Mapping[str, Any], index: int) -> list[bytes]:
 
 def _event(kind: str, data: Mapping[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-def _data(event: bytes) -> dict[str, Any] | None:
-    payload = event_data(event).strip()
-    if not payload.startswith(b"{"):
-        return None
-    try:
-        found = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return found if isinstance(found, dict) else None

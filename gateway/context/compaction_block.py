@@ -40,6 +40,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.codecs.json_body import json_dict
 from gateway.errors import InvalidRequest
 from pipelines import Policy, StoreError
 from pipelines.budget import BUDGET_FLOOR
@@ -268,11 +269,8 @@ def _parsed(data: bytes) -> dict[str, Any] | None:
     objects)."""
     if not data.startswith(_CHECKPOINT_TAG):
         return None
-    try:
-        checkpoint = orjson.loads(data[len(_CHECKPOINT_TAG) :])
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(checkpoint, dict):
+    checkpoint = json_dict(data[len(_CHECKPOINT_TAG) :])
+    if checkpoint is None:
         return None
     messages = checkpoint.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):

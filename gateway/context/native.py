@@ -37,9 +37,10 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.codecs.json_body import json_dict
 from gateway.context.restore import RESTORE_TOOL_NAME
 from gateway.errors import InvalidRequest
-from gateway.http.sse import event_data
+from gateway.http.sse import event_data, event_json
 from pipelines import Policy, PolicyError
 from pipelines.budget import BUDGET_FLOOR
 from pipelines.native import (
@@ -252,13 +253,8 @@ def with_applied_edits(body: bytes, edits: Sequence[Mapping[str, Any]]) -> bytes
     """An answer's JSON (a Messages message or a chat completion) with
     ``context_management.applied_edits``; as it is when there are none or it is not an
     object."""
-    if not edits:
-        return body
-    try:
-        answer = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if not isinstance(answer, dict):
+    answer = json_dict(body) if edits else None
+    if answer is None:
         return body
     answer[FIELD] = {"applied_edits": list(edits)}
     return orjson.dumps(answer)
@@ -280,18 +276,12 @@ async def applied_chunks(
 ) -> AsyncIterator[bytes]:
     """A chat completions stream with a last chunk, before ``[DONE]``, that carries
     ``context_management.applied_edits`` (and no choices)."""
-    template: dict[str, Any] = {}
+    template: dict[str, Any] | None = None
     async for chunk in chunks:
-        data = event_data(chunk).strip()
-        if data == b"[DONE]" and edits:
-            yield b"data: " + orjson.dumps(_last_chunk(template, edits)) + b"\n\n"
-        elif not template and data.startswith(b"{"):
-            try:
-                found = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                found = None
-            if isinstance(found, dict):
-                template = found
+        if edits and event_data(chunk).strip() == b"[DONE]":
+            yield b"data: " + orjson.dumps(_last_chunk(template or {}, edits)) + b"\n\n"
+        elif template is None:
+            template = event_json(chunk)
         yield chunk
 
 
@@ -309,11 +299,8 @@ def _with_field(event: bytes, kind: str, edits: Sequence[Mapping[str, Any]]) -> 
     for index, line in enumerate(lines):
         if not line.startswith(b"data:"):
             continue
-        try:
-            data = orjson.loads(line[5:])
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(data, dict) or data.get("type") != kind:
+        data = json_dict(line[5:])
+        if data is None or data.get("type") != kind:
             return event
         data[FIELD] = {"applied_edits": list(edits)}
         lines[index] = b"data: " + orjson.dumps(data)

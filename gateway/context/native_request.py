@@ -119,9 +119,7 @@ def _native_plan(
 def _note_native(services: Services, native: NativePlan) -> None:
     """Count the request's native edits and name them on its span, apart from the
     gateway's own stages."""
-    edits = (
-        native.edits.kinds if native.api == "anthropic" else ("compaction",) * bool(native.edits)
-    )
+    edits = native.edits.kinds if native.api == "anthropic" else ("compaction",)
     for edit in edits:
         services.metrics.native_edits.labels(edit=edit, mode=native.mode).inc()
     span = trace.get_current_span()
@@ -157,10 +155,8 @@ def edited_tokens(result: CompactResult) -> int:
     client's request: without the tools the gateway added)."""
     report = result.report
     stage = report.stage("native_edits")
-    received = stage.details.get("input_tokens") if stage is not None else None
-    if stage is None or not isinstance(received, int):
-        return report.tokens_before
-    return received - (stage.tokens_before - stage.tokens_after)
+    cleared = stage.tokens_before - stage.tokens_after if stage is not None else 0
+    return report.received_tokens - cleared
 
 
 async def compaction_block_for(

@@ -21,6 +21,7 @@ import orjson
 
 from gateway.codecs.anthropic_envelopes import error_status
 from gateway.codecs.chat_anthropic import usage_of
+from gateway.codecs.json_body import json_dict
 from gateway.codecs.responses import chat_usage, error_event, response_of
 from gateway.context import restore
 from gateway.context.restore import Resend, ResendStream, Restorer
@@ -204,14 +205,11 @@ class MessagesWire:
         return restore_messages.stream(first, events, restorer, resend)
 
     def usage(self, body: bytes) -> dict[str, Any] | None:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        usage = data.get("usage") if isinstance(data, dict) else None
+        answer = json_dict(body) or {}
+        usage = answer.get("usage")
         if not isinstance(usage, dict):
             return None
-        return _with_writes(usage, _applied_edits(data.get("context_management")))
+        return _with_writes(usage, _applied_edits(answer.get("context_management")))
 
     def answer_id(self, body: bytes) -> str | None:
         return _answer_id(body)

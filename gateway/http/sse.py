@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 
 import orjson
+
+from gateway.codecs.json_body import json_dict
 
 __all__ = [
     "KEEPALIVE",
     "close",
     "error_event",
     "event_data",
+    "event_json",
     "sse_events",
 ]
 
@@ -63,6 +66,12 @@ def event_data(event: bytes) -> bytes:
     lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
     return b"\n".join(data)
+
+
+def event_json(event: bytes) -> dict[str, Any] | None:
+    """The JSON object one event's data holds, or ``None`` (a comment, ``[DONE]``, text)."""
+    data = event_data(event).strip()
+    return json_dict(data) if data.startswith(b"{") else None
 
 
 async def close(events: object) -> None:

@@ -61,7 +61,6 @@ from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import json_answer
 from gateway.routes.answers import Translation, reporting_edits, respond
 from gateway.routes.calls import received
-from pipelines import Report
 
 __all__ = ["count_tokens", "messages"]
 
@@ -143,7 +142,8 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     if not isinstance(gateway.upstream_for(model), AnthropicUpstream):
         counted: dict[str, Any] = {"input_tokens": report.tokens_after}
         if chat.native is not None and chat.native.polyfilled:
-            counted["context_management"] = {"original_input_tokens": _original_tokens(report)}
+            original = report.received_tokens
+            counted["context_management"] = {"original_input_tokens": original}
         body = orjson.dumps(counted)
         return ASGIResponse(body=body, media_type="application/json", headers=ours)
     target = gateway.target(call.caller, model, call.headers)
@@ -156,14 +156,6 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     counted = {k: v for k, v in messages.items() if k in _COUNTED}
     response = await anthropic.count_tokens(orjson.dumps(counted), headers)
     return buffered_response(response, await anthropic.read_body(response), ours)
-
-
-def _original_tokens(report: Report) -> int:
-    """A polyfilled request's tokens before its edits, as its triggers saw them (the
-    client's request as sent: without the gateway's restore tool)."""
-    stage = report.stage("native_edits")
-    found = stage.details.get("input_tokens") if stage is not None else None
-    return found if isinstance(found, int) else report.tokens_before
 
 
 def _from_openai(seen: tuple[str, ...]) -> Translation:

@@ -30,7 +30,6 @@ from typing import Any, Final
 import orjson
 
 from pipelines.conversation import Conversation
-from pipelines.errors import StoreError
 from pipelines.messages import Message, original_bytes
 from pipelines.native import CLEAR_THINKING, CLEAR_TOOL_USES, ClearThinking, ClearToolUses
 from pipelines.preview import text_digest
@@ -161,10 +160,8 @@ class NativeEdits:
         if ref is not None and await ctx.confirmed(ref):
             self._refs.move_to_end(key)
             return ref
-        try:
-            ref = await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
-        except StoreError:
-            ctx.details["store_failures"] = ctx.details.get("store_failures", 0) + 1
+        ref = await ctx.offload(content)
+        if ref is None:
             return None
         self._refs[key] = ref
         if len(self._refs) > _REFS_KEPT:

@@ -38,7 +38,6 @@ from typing import Any, Final
 import orjson
 
 from pipelines.conversation import Conversation
-from pipelines.errors import StoreError
 from pipelines.messages import Message, original_bytes
 from pipelines.preview import text_digest, trim_json
 from pipelines.stage import REF_PATTERN, StageContext
@@ -208,19 +207,11 @@ class TtlPrune:
         if len(self._rewrites) > _REWRITES_KEPT:
             self._rewrites.popitem(last=False)
 
-    async def _stored(self, ctx: StageContext, content: bytes) -> str | None:
-        assert ctx.store is not None
-        try:
-            return await ctx.store.put(ctx.namespace, content, ttl=ctx.policy.offload_ttl)
-        except StoreError:
-            ctx.details["store_failures"] = ctx.details.get("store_failures", 0) + 1
-            return None
-
     async def _archive(
         self, message: Message, whole: str, name: str, ctx: StageContext
     ) -> Message | None:
         """``message`` as a stub naming the ref of ``whole``, its output as received."""
-        ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
+        ref = await ctx.offload(original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
         return {**message, "content": _stub(name, whole, ref)}
@@ -230,7 +221,7 @@ class TtlPrune:
     ) -> Message | None:
         """``message`` as ``short`` under a note naming the ref of its output as received
         (``full`` characters)."""
-        ref = await self._stored(ctx, original_bytes(ctx.as_received(message)))
+        ref = await ctx.offload(original_bytes(ctx.as_received(message)))
         if ref is None:
             return None
         return {**message, "content": f"{_trim_note(full, ref)}\n{short}"}

@@ -39,7 +39,7 @@ from gateway.context.restore.rounds import (
     chain,
 )
 from gateway.context.restore.tool import RESTORE_TOOL_NAME
-from gateway.http.sse import close, event_data
+from gateway.http.sse import close, event_json
 
 __all__ = ["complete", "stream"]
 
@@ -207,7 +207,7 @@ async def stream(
             others = False
             ended: dict[str, Any] | None = None
             async for event in current:
-                data = _parsed(event)
+                data = event_json(event)
                 if data is None:
                     yield event  # a comment, a keep-alive: as it came
                     continue
@@ -348,14 +348,3 @@ def _ending(
     if usage is not None:
         whole["usage"] = usage
     return {**ended, "response": whole}
-
-
-def _parsed(event: bytes) -> dict[str, Any] | None:
-    data = event_data(event)
-    if not data.startswith(b"{"):
-        return None
-    try:
-        found = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return found if isinstance(found, dict) else None
