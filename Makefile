@@ -1,12 +1,15 @@
 # contextgate: `make run` starts the gateway on 127.0.0.1:8080, `make test` runs every test
 # (the Helm chart's tests included: helm is fetched, pinned, into .tools/ on first use; so
-# are Claude Code and Codex, from npm, for the tests that run them through the gateway).
+# are Claude Code and Codex, from npm, for the tests that run them through the gateway; and
+# the browser tests' Chromium is Debian's, installed with apt-get on first use and noted in
+# .tools/chromium).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 HELM   := .tools/helm
+CHROMIUM := .tools/chromium
 CHART  := helm/contextgate
 AGENTS := .tools/agents
 CLAUDE := $(AGENTS)/node_modules/.bin/claude
@@ -30,6 +33,11 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt gateway/__init__.py | $(B
 $(HELM): .ci/fetch-helm
 	$(PYTHON) .ci/fetch-helm $@
 
+# Debian's chromium for the browser tests (tests/ui), which Playwright drives: installed with
+# apt-get when missing or older than .ci/fetch-chromium's pin, and its path noted here.
+$(CHROMIUM): .ci/fetch-chromium
+	$(PYTHON) .ci/fetch-chromium $@
+
 # The coding agents the tests run through the gateway, at the versions .ci/agents pins
 # (npm ci: the lock file's integrity hashes are checked). One npm ci makes both binaries
 # (a grouped target, GNU make 4.3+). Each agent's native binary for this platform is an
@@ -51,7 +59,7 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(BIN)/contextgate serve --host $(HOST) --port $(PORT)
 
-test: install-dev $(HELM) $(CLAUDE) $(CODEX)
+test: install-dev $(HELM) $(CHROMIUM) $(CLAUDE) $(CODEX)
 	$(BIN)/python -m pytest
 
 # The reliability tests in their long form: a 30-minute soak (SOAK_SECONDS) and the long
