@@ -22,6 +22,7 @@ from gateway.errors import GatewayError
 from gateway.http.responses import ANTHROPIC_ROUTES, error_response
 from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
+from gateway.routes.conversations import conversation, conversation_request, conversations
 from gateway.routes.health import healthz, readyz
 from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
@@ -130,6 +131,9 @@ def create_app(
             responses_socket,
             compact_dry_run,
             get_object,
+            conversations,
+            conversation,
+            conversation_request,
             list_models,
             healthz,
             readyz,
@@ -166,5 +170,6 @@ def create_app(
         gateway.pipeline.catalog,
         tenanted=bool(gateway.tenants),
         log_prompts=settings.log_prompts,
+        ledger=gateway.ledger,
     )
     return app

@@ -15,6 +15,7 @@
     ├── UpstreamInvalidAnswer   502  upstream_error         upstream_invalid_answer
     ├── ShuttingDown            503  server_error           gateway_shutting_down
     ├── Overloaded              503  server_error           gateway_overloaded
+    ├── StoreUnavailable        503  api_error              store_unavailable
     └── UpstreamTimeout         504  upstream_error         upstream_timeout
 
 Third-party exceptions (httpx, the pipeline's) are mapped to these at one boundary each,
@@ -41,6 +42,7 @@ __all__ = [
     "RequestRejectedError",
     "RequestTimeout",
     "ShuttingDown",
+    "StoreUnavailable",
     "UpstreamInvalidAnswer",
     "UpstreamStreamBroken",
     "UpstreamTimeout",
@@ -128,6 +130,14 @@ class NotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     default_code = "not_found"
+
+
+class StoreUnavailable(GatewayError):
+    """The store a route reads (offloaded objects, the ledger) cannot be read now."""
+
+    status = 503
+    type = "api_error"
+    default_code = "store_unavailable"
 
 
 class ClientDisconnected(GatewayError):

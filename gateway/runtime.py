@@ -16,6 +16,7 @@ import httpx2
 from gateway.breaker import CircuitBreaker
 from gateway.config import Settings
 from gateway.context.call import Target
+from gateway.context.ledger import LedgerWriter
 from gateway.edge.drain import Draining
 from gateway.edge.overload import Shedder
 from gateway.errors import InvalidRequest
@@ -54,6 +55,8 @@ class Gateway:
     """Models whose provider refused structured output for summaries."""
     draining: Draining = field(default_factory=Draining)
     """Shutdown state: started on SIGTERM by ``gateway.edge.drain.DrainingServer``."""
+    ledger: LedgerWriter | None = None
+    """Writes each request's ledger entry (``None`` with the inspector off)."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -114,9 +117,10 @@ class Gateway:
         transport: httpx.AsyncBaseTransport | None = None,
         anthropic_transport: httpx2.AsyncBaseTransport | None = None,
     ) -> Gateway:
-        catalog = ModelCatalog().extended(settings.models)
+        catalog = ModelCatalog().extended(settings.models, settings.prices)
         stores = Stores.build(settings)
         metrics = Metrics()
+        inspector = settings.inspector
         return cls(
             settings=settings,
             pipeline=Pipeline(catalog=catalog, store=stores.objects),
@@ -136,6 +140,7 @@ class Gateway:
                 workers=settings.summary_workers,
                 queue_size=settings.summary_queue,
             ),
+            ledger=LedgerWriter(stores.ledger, catalog) if inspector.enabled else None,
         )
 
     def warm(self) -> None:
@@ -151,6 +156,8 @@ class Gateway:
     async def aclose(self) -> None:
         self.shedder.stop()
         await self.summaries.aclose()
+        if self.ledger is not None:
+            await self.ledger.aclose()
         if self._writes:
             await asyncio.wait(self._writes, timeout=1.0)
         await self.upstream.aclose()

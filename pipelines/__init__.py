@@ -7,7 +7,7 @@ result.report    # what every stage did, tokens before and after
 
 from pipelines.budget import Budget
 from pipelines.cache_break import BREAK_CAUSES, observed_break
-from pipelines.catalog import ModelCatalog, ModelInfo
+from pipelines.catalog import ModelCatalog, ModelInfo, ModelPrice
 from pipelines.conversation import Conversation
 from pipelines.errors import PipelineError, PolicyError, RequestRejected, StoreError
 from pipelines.pipeline import CompactResult, Pipeline, compact
@@ -29,6 +29,7 @@ __all__ = [
     "ConversationState",
     "ModelCatalog",
     "ModelInfo",
+    "ModelPrice",
     "OffloadStore",
     "Pipeline",
     "PipelineError",

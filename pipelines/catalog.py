@@ -5,6 +5,12 @@ one without wildcards counted) wins, so ``gpt-4o-mini*`` beats ``gpt-4o*``. A pr
 prefix such as ``openai/`` or ``anthropic/`` is ignored for matching. A model that matches
 nothing gets the defaults of ``UNKNOWN_MODEL`` (a 128,000-token window). The gateway's
 configuration can add entries or override built-in ones.
+
+Beside the budget facts, a price table (``ModelPrice``, matched the same way) gives what a
+model's tokens cost, for the inspector's estimates of what a request cost with the gateway
+and would have cost without it. A model without a price has none: its cost is unknown,
+never guessed. The built-in prices are the providers' published list prices for a few
+models whose prices are settled (``BUILTIN_PRICES``); the configuration adds the rest.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 __all__ = [
     "BUILTIN_MODELS",
+    "BUILTIN_PRICES",
     "DEFAULT_WINDOW",
     "ModelCatalog",
     "ModelInfo",
+    "ModelPrice",
     "ThinkingStyle",
 ]
 
@@ -142,6 +150,51 @@ BUILTIN_MODELS: Final[tuple[ModelInfo, ...]] = (
 UNKNOWN_MODEL: Final = ModelInfo("*")
 
 
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """What one model's tokens cost, in US dollars per million tokens."""
+
+    pattern: str
+    """Glob matched against the model name, as in ``ModelInfo``."""
+    input: float
+    """Input tokens not read from the provider's cache."""
+    output: float
+    cached_input: float | None = None
+    """Input tokens read from the cache (``None``: priced as ``input``)."""
+    cache_write: float | None = None
+    """Input tokens written to the cache (``None``: priced as ``input``)."""
+
+
+BUILTIN_PRICES: Final[tuple[ModelPrice, ...]] = (
+    ModelPrice("gpt-4o", 2.50, 10.00, 1.25),
+    ModelPrice("gpt-4o-2024-08-06", 2.50, 10.00, 1.25),
+    ModelPrice("gpt-4o-2024-11-20", 2.50, 10.00, 1.25),
+    ModelPrice("gpt-4o-mini*", 0.15, 0.60, 0.075),
+    ModelPrice("gpt-4.1", 2.00, 8.00, 0.50),
+    ModelPrice("gpt-4.1-2025-04-14", 2.00, 8.00, 0.50),
+    ModelPrice("gpt-4.1-mini*", 0.40, 1.60, 0.10),
+    ModelPrice("gpt-4.1-nano*", 0.10, 0.40, 0.025),
+    ModelPrice("claude-sonnet-4-5*", 3.00, 15.00, 0.30, 3.75),
+    ModelPrice("claude-opus-4-5*", 5.00, 25.00, 0.50, 6.25),
+    ModelPrice("claude-haiku-4-5*", 1.00, 5.00, 0.10, 1.25),
+)
+"""List prices as the providers published them in 2025 (standard tier, five-minute cache
+writes); exact names where a family's snapshots were priced differently."""
+
+_Entry = TypeVar("_Entry", ModelInfo, ModelPrice)
+
+
+def _matching(entries: Iterable[_Entry]) -> tuple[_Entry, ...]:
+    """``entries`` by pattern, the later of equal patterns kept, the most specific first."""
+    by_pattern = {entry.pattern: entry for entry in entries}
+    return tuple(sorted(by_pattern.values(), key=lambda e: _specificity(e.pattern), reverse=True))
+
+
+def _match(entries: tuple[_Entry, ...], model: str) -> _Entry | None:
+    name = model.rsplit("/", 1)[-1].lower()
+    return next((entry for entry in entries if fnmatchcase(name, entry.pattern.lower())), None)
+
+
 def _specificity(pattern: str) -> tuple[int, int]:
     literal = sum(1 for ch in pattern if ch not in "*?[]")
     return literal, -pattern.count("*")
@@ -150,20 +203,27 @@ def _specificity(pattern: str) -> tuple[int, int]:
 class ModelCatalog:
     """Looks up ``ModelInfo`` by model name; later entries override earlier equal patterns."""
 
-    __slots__ = ("_entries", "_lookups")
+    __slots__ = ("_entries", "_lookups", "_prices")
 
-    def __init__(self, entries: Iterable[ModelInfo] = BUILTIN_MODELS) -> None:
-        by_pattern: dict[str, ModelInfo] = {}
-        for entry in entries:
-            by_pattern[entry.pattern] = entry
-        self._entries = tuple(
-            sorted(by_pattern.values(), key=lambda e: _specificity(e.pattern), reverse=True)
-        )
+    def __init__(
+        self,
+        entries: Iterable[ModelInfo] = BUILTIN_MODELS,
+        prices: Iterable[ModelPrice] = BUILTIN_PRICES,
+    ) -> None:
+        self._entries = _matching(entries)
+        self._prices = _matching(prices)
         self._lookups: dict[str, ModelInfo] = {}
 
-    def extended(self, entries: Iterable[ModelInfo]) -> ModelCatalog:
-        """A catalog with ``entries`` added, replacing built-ins with the same pattern."""
-        return ModelCatalog((*self._entries, *entries))
+    def extended(
+        self, entries: Iterable[ModelInfo], prices: Iterable[ModelPrice] = ()
+    ) -> ModelCatalog:
+        """A catalog with ``entries`` and ``prices`` added, replacing built-ins with the
+        same pattern."""
+        return ModelCatalog((*self._entries, *entries), (*self._prices, *prices))
+
+    def price(self, model: str) -> ModelPrice | None:
+        """What ``model``'s tokens cost, or ``None`` when the catalog has no price for it."""
+        return _match(self._prices, model)
 
     def knows(self, model: str) -> bool:
         """Whether an entry matches ``model`` (else it gets the unknown-model defaults)."""
@@ -175,11 +235,7 @@ class ModelCatalog:
         found = self._lookups.get(model)
         if found is not None:
             return found
-        name = model.rsplit("/", 1)[-1].lower()
-        found = next(
-            (entry for entry in self._entries if fnmatchcase(name, entry.pattern.lower())),
-            None,
-        )
+        found = _match(self._entries, model)
         if found is None:
             found = replace(UNKNOWN_MODEL, pattern=model)
         if len(self._lookups) < 4096:

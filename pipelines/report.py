@@ -20,6 +20,8 @@ class StageReport:
     error: str | None = None
     """The exception's type and message when the stage raised (and was skipped)."""
     details: dict[str, Any] = field(default_factory=dict)
+    written: tuple[tuple[str, int], ...] = ()
+    """The refs the stage wrote to the offload store, with the bytes each holds."""
 
 
 @dataclass(slots=True)

@@ -94,6 +94,8 @@ async def _run(
     ctx.details = {}
     ctx.off_the_wire = False
     carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
+    store = ctx.store
+    written = ctx.store = _CountedStore(store) if store is not None else None
     started = perf_counter()
     error: str | None = None
     try:
@@ -112,9 +114,20 @@ async def _run(
         ctx.compacted = compacted
         ctx.boundary = boundary
         error = f"{type(exc).__name__}: {exc}"
+    finally:
+        ctx.store = store
     elapsed = (perf_counter() - started) * 1000
     report.stages.append(
-        StageReport(stage.name, elapsed, current, after, changed, error, ctx.details)
+        StageReport(
+            stage.name,
+            elapsed,
+            current,
+            after,
+            changed,
+            error,
+            ctx.details,
+            tuple(written.written) if written is not None else (),
+        )
     )
     return result
 
@@ -128,9 +141,7 @@ async def _traced(
     tokens: ConversationTokens,
     current: int,
 ) -> Conversation:
-    """``_run`` in a span of its own, the stage's store counting the refs it hands out."""
-    store = ctx.store
-    counted = ctx.store = _CountedStore(store) if store is not None else None
+    """``_run`` in a span of its own."""
     with tracer.start_as_current_span(
         f"contextgate.stage.{stage.name}",
         record_exception=False,
@@ -141,9 +152,7 @@ async def _traced(
         except RequestRejected as exc:
             span.set_attribute("contextgate.rejected", exc.code)
             raise
-        finally:
-            ctx.store = store
-        _describe(span, report.stages[-1], counted.refs if counted is not None else 0)
+        _describe(span, report.stages[-1], len(report.stages[-1].written))
     return result
 
 
@@ -164,18 +173,19 @@ def _describe(span: Span, stage: StageReport, refs: int) -> None:
 
 
 class _CountedStore:
-    """A stage's view of the request's offload store, counting the refs ``put`` returns;
-    everything else (``get``, a store's ``touch``) is the store's own."""
+    """A stage's view of the request's offload store, noting the refs ``put`` returns and
+    the size of what each holds; everything else (``get``, a store's ``touch``) is the
+    store's own."""
 
-    __slots__ = ("refs", "store")
+    __slots__ = ("store", "written")
 
     def __init__(self, store: OffloadStore) -> None:
         self.store = store
-        self.refs = 0
+        self.written: list[tuple[str, int]] = []
 
     async def put(self, namespace: str, content: bytes, *, ttl: int) -> str:
         ref = await self.store.put(namespace, content, ttl=ttl)
-        self.refs += 1
+        self.written.append((ref, len(content)))
         return ref
 
     async def get(self, namespace: str, ref: str) -> bytes | None:

@@ -9,10 +9,11 @@ from typing import Any, Literal
 import msgspec
 
 from gateway.config.errors import ConfigError
+from gateway.config.inspector import InspectorSettings
 from gateway.config.store import RedisTopology, StoreSettings
 from gateway.config.tenants import LimitSettings, TenantSettings
 from gateway.config.upstream import AnthropicSettings, UpstreamSettings
-from pipelines import ModelInfo, Policy, PolicyBounds, PolicyError
+from pipelines import ModelInfo, ModelPrice, Policy, PolicyBounds, PolicyError
 
 __all__ = ["Settings"]
 
@@ -40,6 +41,12 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     models: tuple[ModelInfo, ...] = ()
     """Catalog entries added to (or overriding) the built-in ones, with the fields of
     ``pipelines.ModelInfo``."""
+    prices: tuple[ModelPrice, ...] = ()
+    """Price-table entries added to (or overriding) the built-in ones, with the fields of
+    ``pipelines.ModelPrice`` (US dollars per million tokens): the inspector's cost
+    estimates. A model without a price shows its cost as unknown."""
+    inspector: InspectorSettings = msgspec.field(default_factory=InspectorSettings)
+    """The ledger of what the gateway did, its JSON API and its page at ``/ui/``."""
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     """Policy defaults for every request, by wire name (``trigger: 0.6``)."""
     restore_tool: Literal["from_start", "when_needed"] = "from_start"

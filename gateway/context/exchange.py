@@ -168,9 +168,11 @@ async def exchange(
     again."""
     upstream = wire.upstream
     result = chat.result
-    call.record.report, call.record.attempts = result.report, attempt
+    record = call.record
+    record.report, record.attempts, record.chat = result.report, attempt, chat
     outgoing = result.request
     restorer = _restorer(services, chat) if chat.restore_tool else None
+    record.restores = restorer.stats if restorer is not None else None
     sent_at, sending = time.time(), perf_counter()
     span = UpstreamCall.start(upstream.provider, outgoing)
     with span.current():

@@ -12,6 +12,8 @@ request_id     ``gateway.edge.access``     the request's id
 caller         ``gateway.edge.admission``  who is calling (its tenant)
 model, stream  the route                   from the request's body (``read``)
 report         ``context.exchange``        the pipeline's report of what went up
+chat           ``context.exchange``        the compacted request (for the ledger)
+restores       ``context.exchange``        the restore loop's counts, when it ran
 attempts       ``context.exchange``        upstream attempts, overflow retries included
 usage          ``context.exchange``        the upstream's usage, on success
 cache_break    ``context.exchange``        the cache break judged with it
@@ -22,8 +24,9 @@ drained        ``gateway.edge.drain``      ended by the shutdown deadline
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway.tenancy.auth import Caller
@@ -44,12 +47,21 @@ class RequestRecord:
     """One HTTP request's account of itself (see the module's table)."""
 
     request_id: str
+    at: float = field(default_factory=time.time)
+    """When the request came (seconds since the epoch)."""
     caller: Caller | None = None
     model: str | None = None
     stream: bool | None = None
     messages: Any = None
     """The body's messages, logged only when ``log_prompts`` is on."""
     report: Report | None = None
+    chat: Any = None
+    """The request as compacted and sent (``gateway.context.compaction.ChatRequest``,
+    which this module cannot name without an import cycle): what its ledger entry is
+    made from."""
+    restores: Any = None
+    """The restore loop's counts (``gateway.context.restore.RestoreStats``), when the
+    request had the restore tool."""
     attempts: int | None = None
     answered: bool = False
     """The upstream answered with success (``usage`` is what it reported, if anything)."""

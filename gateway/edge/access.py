@@ -25,6 +25,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
+from gateway.context.ledger import LedgerWriter
 from gateway.context.record import RECORD, RequestRecord, new_request_id
 from gateway.http.headers import summary_header, summary_path
 from gateway.store.redis import REQUEST_FAILURES
@@ -50,7 +51,7 @@ _FIELD_CHARS: Final = 200
 class AccessLog:
     """ASGI middleware recording each HTTP request's metrics and access-log line."""
 
-    __slots__ = ("_log_prompts", "_metrics", "_models", "_tenanted", "app")
+    __slots__ = ("_ledger", "_log_prompts", "_metrics", "_models", "_tenanted", "app")
 
     def __init__(
         self,
@@ -60,12 +61,14 @@ class AccessLog:
         *,
         tenanted: bool,
         log_prompts: bool,
+        ledger: LedgerWriter | None = None,
     ) -> None:
         self.app = app
         self._metrics = metrics
         self._models = ModelLabels(catalog)
         self._tenanted = tenanted
         self._log_prompts = log_prompts
+        self._ledger = ledger
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP:
@@ -144,6 +147,8 @@ class AccessLog:
             metrics.tokens(tenant, label, report, usage)
         if store_failures and not probe and (error is None or error[1] != "store_unavailable"):
             metrics.store_fail_open.inc()
+        if self._ledger is not None:
+            self._ledger.write(record, exchange.method, route, status)
 
         level = logging.DEBUG if probe else logging.INFO
         if not log.isEnabledFor(level):

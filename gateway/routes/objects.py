@@ -14,7 +14,7 @@ from typing import Any
 from litestar import Request, get
 from litestar.response.base import ASGIResponse
 
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, StoreUnavailable
 from gateway.routes.calls import caller_of, record_of, runtime_of
 from gateway.store import REF_PATTERN
 from pipelines import StoreError
@@ -26,12 +26,6 @@ class RangeNotSatisfiable(GatewayError):
     status = 416
     type = "invalid_request_error"
     default_code = "range_not_satisfiable"
-
-
-class StoreUnavailable(GatewayError):
-    status = 503
-    type = "api_error"
-    default_code = "store_unavailable"
 
 
 @get("/v1/context/objects/{ref:str}")

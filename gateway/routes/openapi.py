@@ -30,6 +30,14 @@ def _ref(kind: str, name: str) -> dict[str, str]:
     return {"$ref": f"#/components/{kind}/{name}"}
 
 
+_PAGED: Final = {
+    "total": {"type": "integer", "minimum": 0},
+    "offset": {"type": "integer", "minimum": 0},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+    "has_more": {"type": "boolean"},
+}
+
+
 _ERROR_SCHEMAS: Final[dict[str, Any]] = {
     "OpenAIError": {
         "type": "object",
@@ -98,6 +106,82 @@ _ANSWER_SCHEMAS: Final[dict[str, Any]] = {
         "type": "object",
         "required": ["data"],
         "properties": {"data": {"type": "array", "items": {"type": "object"}}},
+    },
+    "ConversationList": {
+        "type": "object",
+        "required": ["object", "data", "total", "offset", "limit", "has_more"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("schemas", "ConversationRow")},
+            **_PAGED,
+        },
+    },
+    "ConversationRow": {
+        "type": "object",
+        "required": ["id", "requests"],
+        "description": "A conversation's totals over the requests its ledger has seen"
+        " (docs/API.md lists every field).",
+        "properties": {
+            "id": _STRING,
+            "title": _STRING,
+            "model": _STRING,
+            "requests": {"type": "integer", "minimum": 1},
+            "client_tokens": {"type": "integer"},
+            "upstream_tokens": {"type": "integer"},
+            "cost_with": {"type": "number"},
+            "cost_without": {"type": "number"},
+            "last_at": {"type": "number"},
+        },
+    },
+    "Conversation": {
+        "type": "object",
+        "required": ["object", "id", "requests"],
+        "properties": {
+            "object": {"const": "conversation"},
+            "id": _STRING,
+            "requests": {
+                "type": "object",
+                "required": ["data", "total", "offset", "limit", "has_more"],
+                "properties": {
+                    "data": {"type": "array", "items": _ref("schemas", "LedgerEntry")},
+                    **_PAGED,
+                },
+            },
+        },
+    },
+    "LedgerEntry": {
+        "type": "object",
+        "required": ["id", "at", "api", "model", "tokens", "stages", "cache", "cost"],
+        "description": "What the gateway did to one request (docs/API.md lists every"
+        " field).",
+        "properties": {
+            "id": _STRING,
+            "at": {"type": "number"},
+            "api": {"enum": ["chat", "messages", "responses", "responses-ws"]},
+            "model": _STRING,
+            "tokens": {"type": "object"},
+            "stages": {"type": "array", "items": {"type": "object"}},
+            "refs": {"type": "array", "items": {"type": "object"}},
+            "cache": {"type": "object"},
+            "cost": {"type": "object"},
+        },
+    },
+    "ConversationRequest": {
+        "allOf": [
+            _ref("schemas", "LedgerEntry"),
+            {
+                "type": "object",
+                "required": ["object", "detail"],
+                "properties": {
+                    "object": {"const": "conversation.request"},
+                    "detail": {
+                        "type": ["object", "null"],
+                        "description": "The messages the client sent beside those that"
+                        " went up; null once no longer kept.",
+                    },
+                },
+            },
+        ]
     },
 }
 
@@ -223,6 +307,22 @@ def _body(name: str) -> dict[str, Any]:
 
 _PIPELINE_HEADERS: Final = [_ref("parameters", "Policy"), _ref("parameters", "Conversation")]
 
+_PAGING: Final = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "How many to return (default 20).",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+    {
+        "name": "offset",
+        "in": "query",
+        "required": False,
+        "description": "How many to skip, newest first.",
+        "schema": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+    },
+]
 _OPERATIONS: Final[dict[tuple[str, str], dict[str, Any]]] = {
     ("/v1/chat/completions", "post"): {
         "requestBody": _body("ChatRequest"),
@@ -312,6 +412,35 @@ _OPERATIONS: Final[dict[tuple[str, str], dict[str, Any]]] = {
                 },
             },
             **_errors((400, 401, 404, 416, 429, 431, 500, 503), "OpenAIError"),
+        },
+    },
+    ("/v1/context/conversations", "get"): {
+        "parameters": _PAGING,
+        "responses": {
+            "200": _success(
+                "The caller's conversations, the most recently active first.",
+                _json("ConversationList"),
+            ),
+            **_errors((400, 401, 404, 429, 431, 500, 503), "OpenAIError"),
+        },
+    },
+    ("/v1/context/conversations/{conversation_id}", "get"): {
+        "parameters": _PAGING,
+        "responses": {
+            "200": _success(
+                "The conversation's totals and its requests, newest first.",
+                _json("Conversation"),
+            ),
+            **_errors((400, 401, 404, 429, 431, 500, 503), "OpenAIError"),
+        },
+    },
+    ("/v1/context/conversations/{conversation_id}/requests/{request_id}", "get"): {
+        "responses": {
+            "200": _success(
+                "One request's entry, with its detail while it is kept.",
+                _json("ConversationRequest"),
+            ),
+            **_errors((401, 404, 429, 431, 500, 503), "OpenAIError"),
         },
     },
     ("/v1/models", "get"): {

@@ -383,7 +383,7 @@ class _Connection:
             record.read(inbound.chat)
             call = Call(self.headers, self.caller, record, _never, response.started)
             chat = response.chat = await compacted(self.gateway, call, inbound, restore_tool=False)
-            record.report, record.attempts = chat.result.report, 1
+            record.report, record.attempts, record.chat = chat.result.report, 1, chat
             preferred = with_preferred(inbound, chat)
             if chat.result.changed or rebuilt or preferred is not inbound:
                 sent = to_request(chat.result.request, preferred.native, inbound.messages)

@@ -1,4 +1,5 @@
-"""The gateway's stores, whichever backend: objects, conversation records, namespaces.
+"""The gateway's stores, whichever backend: objects, conversation records, the ledger,
+namespaces.
 
 ``Stores.build`` picks Redis when ``redis_url`` is set, else memory. Namespaces keep
 callers apart: in passthrough mode a caller's namespace is a keyed hash (HMAC under the
@@ -19,6 +20,8 @@ from typing import Any, Final, TypeVar
 
 from gateway.config import Settings
 from gateway.store.conversations import ConversationRecords, MemoryConversations
+from gateway.store.ledger import Ledger, MemoryLedger
+from gateway.store.ledger_redis import RedisLedger
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
 from pipelines import ConversationState, OffloadStore, StoreError
@@ -137,17 +140,25 @@ async def _touch(store: object, namespace: str, ref: str, ttl: int) -> bool:
 class Stores:
     objects: OffloadStore
     conversations: ConversationRecords
+    ledger: Ledger
     redis: RedisBackend | None
     _secret: bytes | None
 
     @classmethod
     def build(cls, settings: Settings) -> Stores:
-        store = settings.store
+        store, inspector = settings.store, settings.inspector
+        bounds = {
+            "max_requests": inspector.requests_per_conversation,
+            "max_details": inspector.detailed_requests,
+            "max_conversations": inspector.conversations_per_namespace,
+            "ttl": inspector.ttl,
+        }
         if settings.redis_url:
             backend = RedisBackend(settings.redis_url, store)
             return cls(
                 _Guarded(RedisStore(backend)),
                 _GuardedRecords(RedisConversations(backend)),
+                RedisLedger(backend, **bounds),
                 backend,
                 None,
             )
@@ -157,7 +168,8 @@ class Stores:
             max_object_bytes=store.max_object_bytes,
             secret=secret,
         )
-        return cls(objects, MemoryConversations(), None, secret)
+        ledger = MemoryLedger(max_bytes=inspector.memory_max_bytes, **bounds)
+        return cls(objects, MemoryConversations(), ledger, None, secret)
 
     def for_request(self) -> OffloadStore:
         """The objects store as one request's pipeline uses it: with Redis, all its

@@ -1,0 +1,458 @@
+"""One request's entry in its conversation's ledger, made and written after the answer.
+
+The exchange notes in the request's record what the ledger needs (the compacted request,
+the restore loop's counts); the access log, once the response is over, hands the record to
+``LedgerWriter.write``, which makes the entry in a task of its own and adds it to the
+store's ledger (``gateway.store.ledger``), off the request's path. The entry's shape, which
+the JSON API returns as it is, is in ``docs/API.md``:
+
+- the summary: when, which route and API, model, tenant, the tokens the client sent and
+  those that went up, the budget and its thresholds, each stage's action, the refs written
+  (what kind of content, how big, what they replaced), the summary checkpoint applied, the
+  native context-management edits, the cache's verdict with the provider's counts, the
+  estimated cost with the gateway and without it, the restore calls the model made;
+- the detail: the messages the client sent beside those that went up, each with its fate
+  (kept, shortened, offloaded, pruned, summarised, added), kept for the latest requests.
+
+The messages are matched by identity (a stage keeps what it does not change), then a
+changed message by position and role among its neighbours: what is left of the client's
+was pruned, or summarised when a summary applied; what is left of what went up was added.
+
+The cost is an estimate from the catalog's price table: with the gateway, the provider's
+reported usage at its prices; without, the same, plus the tokens the gateway removed at
+the request's own blend of cached and uncached input (as if the client's own, longer
+request had had the same share of cache reads). A model without a price, or an answer
+without usage, has no cost: unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from difflib import SequenceMatcher
+from typing import Any, Final, Literal
+
+import orjson
+
+from gateway.context.compaction import ChatRequest
+from gateway.context.record import RequestRecord
+from gateway.context.restore.restorer import RestoreStats
+from gateway.store.ledger import Ledger, LedgerEntry, Totals
+from pipelines import ModelCatalog, Report
+from pipelines.session import usage_of
+from pipelines.stage import REF_PATTERN
+
+__all__ = ["LedgerWriter", "detail_of", "entry_of"]
+
+log = logging.getLogger("contextgate")
+
+TEXT_CHARS: Final = 300
+"""Characters of each message the detail shows (the original is behind its ref, or in the
+client's own history)."""
+TITLE_CHARS: Final = 120
+MAX_ROWS: Final = 400
+"""Rows of the detail at most (the first and the latest messages kept beyond it)."""
+_NOTE_CHARS: Final = 160
+_ADDED: Final = ("[Recalled context", "[Context note")
+"""How the messages the gateway adds begin (a summary, compress's notes)."""
+_APIS: Final = {
+    "/v1/chat/completions": "chat",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+}
+_KINDS: Final = {
+    "native_edits": "cleared tool result",
+    "media": "image",
+    "filter": "tool output",
+    "ttl_prune": "tool result",
+    "compress": "messages",
+    "summarize": "messages",
+}
+Fate = Literal["kept", "shortened", "offloaded", "pruned", "summarised", "added"]
+
+
+class LedgerWriter:
+    """Makes and writes each request's ledger entry in the background."""
+
+    __slots__ = ("_tasks", "catalog", "ledger")
+
+    def __init__(self, ledger: Ledger, catalog: ModelCatalog) -> None:
+        self.ledger, self.catalog = ledger, catalog
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def write(self, record: RequestRecord, method: str, route: str, status: int) -> None:
+        """Write the entry of ``record``'s request (``method``: ``WS`` for a response on
+        the Responses WebSocket), if it went upstream, after this returns."""
+        chat = record.chat
+        if not isinstance(chat, ChatRequest):
+            return
+        api = "responses-ws" if method == "WS" else _APIS.get(route, route)
+        task = asyncio.get_running_loop().create_task(self._write(chat, record, api, status))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, chat: ChatRequest, record: RequestRecord, api: str, status: int) -> None:
+        try:
+            entry = entry_of(chat, record, api, status, self.catalog)
+        except Exception:  # a ledger entry must never cost more than itself
+            log.exception("making a ledger entry failed", extra={"request_id": record.request_id})
+            return
+        await self.ledger.add(chat.namespace, chat.conversation, entry)
+
+    async def aclose(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=1.0)
+
+
+def entry_of(
+    chat: ChatRequest,
+    record: RequestRecord,
+    api: str,
+    status: int,
+    catalog: ModelCatalog,
+    *,
+    detailed: bool = True,
+) -> LedgerEntry:
+    """The ledger entry of ``record``'s request, compacted as ``chat``."""
+    report = chat.result.report
+    received = report.received_tokens
+    usage = record.usage if record.answered else None
+    prompt, cached = usage_of(usage)
+    written = _int(usage.get("cache_creation_input_tokens")) if usage is not None else None
+    completion = _int(usage.get("completion_tokens")) if usage is not None else None
+    with_gateway, without = _cost(catalog, report, received, prompt, cached, written, completion)
+    restores = record.restores if isinstance(record.restores, RestoreStats) else None
+    cache = _cache(report, record.cache_break, prompt, cached, written)
+    refs = _refs(report)
+    detail = detail_of(chat) if detailed else None
+    if detail is not None:
+        _name_replaced(refs, detail)
+    compaction = _is_compaction(chat)
+    summary: dict[str, Any] = {
+        "id": record.request_id,
+        "at": round(record.at, 3),
+        "api": api,
+        "model": report.model,
+        "tenant": chat.caller.tenant,
+        "stream": bool(record.stream),
+        "status": status,
+        "attempts": record.attempts or 1,
+        "tokens": {
+            "client": received,
+            "upstream": report.tokens_after,
+            "budget": report.budget,
+            "window": report.window,
+            "exact": report.exact,
+        },
+        "thresholds": _thresholds(chat),
+        "stages": [_stage(stage) for stage in report.stages],
+        "refs": refs,
+        "compaction": compaction,
+        "summary": _checkpoint(chat),
+        "native": report.native,
+        "applied_edits": report.applied_edits,
+        "cache": cache,
+        "cost": {"with": with_gateway, "without": without, "currency": "USD"},
+        "restores": {"calls": restores.calls if restores is not None else 0},
+        "detail": detail is not None,
+    }
+    priced = with_gateway is not None and without is not None
+    totals = Totals(
+        add={
+            "requests": 1,
+            "client_tokens": received,
+            "upstream_tokens": report.tokens_after,
+            "input_tokens": prompt or 0,
+            "cached_tokens": cached or 0,
+            "cost_with": with_gateway or 0.0,
+            "cost_without": without or 0.0,
+            "priced": int(priced),
+            "compactions": int(compaction),
+            "cache_breaks": int(cache["verdict"] == "break"),
+            "restores": restores.calls if restores is not None else 0,
+            "refs": len(refs),
+        },
+        latest={
+            "model": report.model,
+            "api": api,
+            "tenant": chat.caller.tenant or "",
+            "last_at": summary["at"],
+        },
+        first={"first_at": summary["at"], "title": _title(chat.body.get("messages"))},
+    )
+    return LedgerEntry(
+        record.request_id,
+        summary["at"],
+        orjson.dumps(summary),
+        orjson.dumps(detail) if detail is not None else None,
+        totals,
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _thresholds(chat: ChatRequest) -> dict[str, int]:
+    policy, budget = chat.policy, chat.result.report.budget
+    trigger = policy.trigger
+    return {
+        "prepare": round(min(policy.prepare, trigger) * budget),
+        "light": round(min(policy.light, trigger) * budget),
+        "trigger": round(trigger * budget),
+        "emergency": round(max(policy.emergency, trigger) * budget),
+        "target": round(policy.target * budget),
+    }
+
+
+def _stage(stage: Any) -> dict[str, Any]:
+    return {
+        "name": stage.name,
+        "changed": stage.changed,
+        "before": stage.tokens_before,
+        "after": stage.tokens_after,
+        "ms": round(stage.ms, 3),
+        "error": stage.error,
+        "note": _note(stage.details),
+    }
+
+
+def _note(details: Mapping[str, Any]) -> str | None:
+    """A stage's details as a short line: its plain values, by name."""
+    parts = [
+        f"{name}={value}"
+        for name, value in details.items()
+        if value is True or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+    ]
+    return ", ".join(parts)[:_NOTE_CHARS] or None
+
+
+def _refs(report: Report) -> list[dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for stage in report.stages:
+        for ref, size in stage.written:
+            kind = _KINDS.get(stage.name, "content")
+            found.setdefault(
+                ref,
+                {"ref": ref, "stage": stage.name, "kind": kind, "bytes": size, "replaced": None},
+            )
+    return list(found.values())
+
+
+def _cache(
+    report: Report,
+    cause: str | None,
+    prompt: int | None,
+    cached: int | None,
+    written: int | None,
+) -> dict[str, Any]:
+    if cause is not None:
+        verdict, reason = "break", cause
+    elif report.cache == "hot":
+        verdict, reason = "warm", None
+    else:
+        verdict, reason = "cold", report.cache
+    uncached = None
+    if prompt is not None:
+        uncached = max(0, prompt - (cached or 0) - (written or 0))
+    return {
+        "verdict": verdict,
+        "reason": reason,
+        "cached": cached,
+        "uncached": uncached,
+        "written": written,
+    }
+
+
+def _cost(
+    catalog: ModelCatalog,
+    report: Report,
+    received: int,
+    prompt: int | None,
+    cached: int | None,
+    written: int | None,
+    completion: int | None,
+) -> tuple[float | None, float | None]:
+    """What the request cost with the gateway, and would have without it (module
+    docstring), in dollars; ``None`` for unknown."""
+    price = catalog.price(report.model)
+    if price is None or prompt is None:
+        return None, None
+    cached, written = cached or 0, written or 0
+    uncached = max(0, prompt - cached - written)
+    read_price = price.cached_input if price.cached_input is not None else price.input
+    write_price = price.cache_write if price.cache_write is not None else price.input
+    inputs = uncached * price.input + cached * read_price + written * write_price
+    outputs = (completion or 0) * price.output
+    removed = max(0, received - report.tokens_after)
+    blend = (uncached * price.input + cached * read_price) / max(1, uncached + cached)
+    if uncached + cached == 0:
+        blend = price.input
+    with_gateway = (inputs + outputs) / 1_000_000
+    without = (inputs + outputs + removed * blend) / 1_000_000
+    return round(with_gateway, 6), round(without, 6)
+
+
+def _is_compaction(chat: ChatRequest) -> bool:
+    """Whether this request moved the conversation's compaction: a new cut, a checkpoint
+    applied where there was another (or none), an emergency shortening, or the client's
+    own compaction made."""
+    before, after = chat.state, chat.result.state
+    if chat.compaction is not None or chat.result.report.compaction()[4]:
+        return True
+    cut = before.compacted_cut if before is not None else 0
+    span = _span(before.checkpoint) if before is not None else None
+    return after.compacted_cut != cut or _span(after.checkpoint) != span
+
+
+def _span(checkpoint: Mapping[str, Any] | None) -> tuple[Any, Any] | None:
+    return (checkpoint.get("start"), checkpoint.get("end")) if checkpoint else None
+
+
+def _checkpoint(chat: ChatRequest) -> dict[str, Any] | None:
+    """The summary checkpoint this request applied, if a summary went up."""
+    summarize = chat.result.report.stage("summarize")
+    checkpoint = chat.result.state.checkpoint
+    if summarize is None or not summarize.changed or not checkpoint:
+        return None
+    return {
+        "start": checkpoint.get("start"),
+        "end": checkpoint.get("end"),
+        "fields": checkpoint.get("summary"),
+        "refs": checkpoint.get("refs"),
+    }
+
+
+def _title(messages: Any) -> str:
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _text(message)[:TITLE_CHARS]
+    return ""
+
+
+def detail_of(chat: ChatRequest) -> dict[str, Any]:
+    """What the client sent beside what went up, message by message."""
+    sent = _messages(chat.body)
+    went = _messages(chat.result.request)
+    summarised = _checkpoint(chat) is not None
+    rows: list[dict[str, Any]] = []
+    matcher = SequenceMatcher(None, [id(m) for m in sent], [id(m) for m in went], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            rows.extend(_row("kept", m, m) for m in sent[i1:i2])
+            continue
+        rows.extend(_changed(sent[i1:i2], went[j1:j2], summarised))
+    truncated = len(rows) > MAX_ROWS
+    if truncated:
+        rows = [*rows[:20], *rows[-(MAX_ROWS - 20) :]]
+    return {"messages": rows, "truncated": truncated}
+
+
+def _messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    found = request.get("messages")
+    return [m for m in found if isinstance(m, dict)] if isinstance(found, list) else []
+
+
+def _changed(
+    sent: Sequence[dict[str, Any]], went: Sequence[dict[str, Any]], summarised: bool
+) -> Iterable[dict[str, Any]]:
+    """Rows for a run of the client's messages replaced by a run of what went up: each of
+    the client's paired, in order, with the next that stands for it; the rest removed or
+    added."""
+    j = 0
+    for message in sent:
+        found = next((k for k in range(j, len(went)) if _stands_for(went[k], message)), None)
+        if found is None:
+            yield _row("summarised" if summarised else "pruned", message, None)
+            continue
+        yield from (_row("added", None, added) for added in went[j:found])
+        yield _row(_fate(message, went[found]), message, went[found])
+        j = found + 1
+    yield from (_row("added", None, added) for added in went[j:])
+
+
+def _stands_for(went: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
+    """Whether ``went`` is ``sent`` as a stage rewrote it: the same role, and the same tool
+    call, or text that begins alike or names a ref (a placeholder); never a message the
+    gateway added (a summary, notes)."""
+    if went.get("role") != sent.get("role"):
+        return False
+    if went.get("role") == "tool":
+        return went.get("tool_call_id") == sent.get("tool_call_id")
+    after = _text(went)
+    if after.startswith(_ADDED):
+        return False
+    before = _text(sent)
+    shared = min(20, len(before), len(after))
+    return after[:shared] == before[:shared] or REF_PATTERN.search(after) is not None
+
+
+def _fate(sent: dict[str, Any], went: dict[str, Any]) -> Fate:
+    before, after = _text(sent), _text(went)
+    if before == after:
+        return "kept"
+    if REF_PATTERN.search(after) and (len(after) <= 600 or len(after) * 4 <= len(before)):
+        return "offloaded"
+    return "shortened"
+
+
+def _row(fate: Fate, sent: dict[str, Any] | None, went: dict[str, Any] | None) -> dict[str, Any]:
+    shown = went if went is not None else sent
+    assert shown is not None
+    text = _text(went) if went is not None else ""
+    return {
+        "fate": fate,
+        "role": str(shown.get("role", "")),
+        "client": _side(sent),
+        "upstream": _side(went),
+        "refs": sorted(set(REF_PATTERN.findall(text))) if fate != "kept" else [],
+    }
+
+
+def _side(message: dict[str, Any] | None) -> dict[str, Any] | None:
+    if message is None:
+        return None
+    text = _text(message)
+    return {"text": text[:TEXT_CHARS], "chars": len(text)}
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    """A message as a person reads it: its text, its parts named, its tool calls."""
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif kind in ("image_url", "image", "input_image"):
+                parts.append("[image]")
+            else:
+                parts.append(f"[{kind}]")
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            parts.append(
+                f"→ {function.get('name')}({arguments if isinstance(arguments, str) else ''})"
+            )
+    return "\n".join(parts)
+
+
+def _name_replaced(refs: list[dict[str, Any]], detail: Mapping[str, Any]) -> None:
+    """Name what each ref replaced where the detail shows it: the client's message in the
+    row whose upstream side names the ref."""
+    by_ref = {ref["ref"]: ref for ref in refs}
+    for row in detail["messages"]:
+        client = row["client"]
+        if client is None:
+            continue
+        for ref in row["refs"]:
+            found = by_ref.get(ref)
+            if found is not None and found["replaced"] is None:
+                found["replaced"] = f"{row['role']} message, {client['chars']:,} characters"
