@@ -21,7 +21,7 @@ import yaml
 
 from gateway.config.errors import ConfigError
 from gateway.config.settings import Settings
-from pipelines import ModelInfo
+from pipelines import ModelInfo, ModelPrice
 
 __all__ = ["load_settings"]
 
@@ -99,7 +99,8 @@ def load_settings(
                 if not isinstance(target, dict):
                     raise ConfigError(f"{key} must be a mapping")
             target[keys[-1]] = value
-    _check_model_fields(data.get("models"))
+    _check_fields(data.get("models"), "models", ModelInfo)
+    _check_fields(data.get("prices"), "prices", ModelPrice)
     # An unset ${VAR:-} leaves an empty string: for optional settings that means "not set".
     if data.get("redis_url") == "":
         data["redis_url"] = None
@@ -115,11 +116,13 @@ def load_settings(
     return settings
 
 
-def _check_model_fields(models: Any) -> None:
-    """Unknown keys in a model entry are refused (msgspec ignores them on dataclasses)."""
-    known = {field.name for field in dataclasses.fields(ModelInfo)}
-    for index, entry in enumerate(models if isinstance(models, list) else ()):
+def _check_fields(entries: Any, section: str, kind: type[Any]) -> None:
+    """Unknown keys in a catalog entry (``models``, ``prices``) are refused (msgspec
+    ignores them on dataclasses)."""
+    known = {field.name for field in dataclasses.fields(kind)}
+    for index, entry in enumerate(entries if isinstance(entries, list) else ()):
         if isinstance(entry, dict) and (unknown := sorted(set(entry) - known)):
             raise ConfigError(
-                f"models[{index}]: unknown field {unknown[0]!r}; known: {', '.join(sorted(known))}"
+                f"{section}[{index}]: unknown field {unknown[0]!r};"
+                f" known: {', '.join(sorted(known))}"
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.catalog import DEFAULT_WINDOW, ModelCatalog, ModelInfo
+from pipelines.catalog import DEFAULT_WINDOW, ModelCatalog, ModelInfo, ModelPrice
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,20 @@ def test_invalid_entry_is_refused() -> None:
     """An entry whose reserve does not fit its window is refused at construction."""
     with pytest.raises(ValueError, match="output_reserve"):
         ModelInfo("x", 8_000, 9_000)
+
+
+def test_prices_are_known_only_where_published_or_configured() -> None:
+    """A price is found by the same glob rules; a model without one has none (never a
+    neighbour's guessed), and the configuration adds or replaces prices."""
+    catalog = ModelCatalog()
+    opus = catalog.price("anthropic/claude-opus-4-5-20251101")
+    assert opus is not None and (opus.input, opus.output) == (5.0, 25.0)
+    assert catalog.price("gpt-4o-mini-2024-07-18") == ModelPrice("gpt-4o-mini*", 0.15, 0.60, 0.075)
+    # An older gpt-4o snapshot had another price: not matched by the alias's entry.
+    assert catalog.price("gpt-4o-2024-05-13") is None
+    assert catalog.price("claude-opus-5-5") is None
+    assert catalog.price("my-model") is None
+    extended = catalog.extended((), (ModelPrice("my-*", 1.0, 2.0), ModelPrice("gpt-4o", 9.0, 9.0)))
+    assert extended.price("my-model") == ModelPrice("my-*", 1.0, 2.0)
+    assert extended.price("gpt-4o") == ModelPrice("gpt-4o", 9.0, 9.0)
+    assert extended.lookup("gpt-4o").context_window == 128_000

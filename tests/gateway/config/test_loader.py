@@ -76,6 +76,11 @@ def test_yaml_file_with_env_references(tmp_path: Path) -> None:
         ("models:\n  - {pattern: x, context_window: 10}\n", "context_window"),
         ("models:\n  - {pattern: x, context_window: 9000, windw: 1}\n", "unknown field 'windw'"),
         ("models:\n  - {pattern: x, context_window: 9000, family: martian}\n", "family"),
+        ("prices:\n  - {pattern: x, input: 1, output: 2, cahced_input: 1}\n", "'cahced_input'"),
+        ("prices:\n  - {pattern: x, input: 1}\n", "output"),
+        ("inspector:\n  requests_per_conversation: 0\n", "requests_per_conversation"),
+        ("inspector:\n  detailed_requests: 300\n", "detailed_requests"),
+        ("inspector:\n  ui: maybe\n", "Expected `bool`"),
         ("upstream:\n  api_key: ${MISSING_SECRET}\n", "MISSING_SECRET"),
         ("- just\n- a list\n", "mapping"),
         ("upstream: [unclosed\n", "not valid YAML"),
@@ -91,6 +96,19 @@ def test_bad_configuration_names_the_problem(tmp_path: Path, text: str, fragment
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert fragment in str(caught.value)
+
+
+def test_prices_and_the_inspector_from_the_file(tmp_path: Path) -> None:
+    """A configured price table extends the built-in one; the inspector can be switched."""
+    path = tmp_path / "contextgate.yaml"
+    path.write_text(
+        "prices:\n  - {pattern: my-model-*, input: 0.5, output: 1.5, cached_input: 0.05}\n"
+        "inspector:\n  ui: false\n  requests_per_conversation: 50\n"
+    )
+    settings = load_settings(path, environ={})
+    assert settings.prices[0].cached_input == 0.05 and settings.prices[0].cache_write is None
+    assert settings.inspector.enabled and not settings.inspector.ui
+    assert settings.inspector.requests_per_conversation == 50
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
