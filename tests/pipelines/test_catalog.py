@@ -77,7 +77,8 @@ def test_prices_are_known_only_where_published_or_configured() -> None:
     neighbour's guessed), and the configuration adds or replaces prices."""
     catalog = ModelCatalog()
     opus = catalog.price("anthropic/claude-opus-4-5-20251101")
-    assert opus is not None and (opus.input, opus.output) == (5.0, 25.0)
+    assert opus is not None
+    assert (opus.input, opus.output) == (5.0, 25.0)
     assert catalog.price("gpt-4o-mini-2024-07-18") == ModelPrice("gpt-4o-mini*", 0.15, 0.60, 0.075)
     # An older gpt-4o snapshot had another price: not matched by the alias's entry.
     assert catalog.price("gpt-4o-2024-05-13") is None

@@ -106,8 +106,10 @@ def test_prices_and_the_inspector_from_the_file(tmp_path: Path) -> None:
         "inspector:\n  ui: false\n  requests_per_conversation: 50\n"
     )
     settings = load_settings(path, environ={})
-    assert settings.prices[0].cached_input == 0.05 and settings.prices[0].cache_write is None
-    assert settings.inspector.enabled and not settings.inspector.ui
+    assert settings.prices[0].cached_input == 0.05
+    assert settings.prices[0].cache_write is None
+    assert settings.inspector.enabled
+    assert not settings.inspector.ui
     assert settings.inspector.requests_per_conversation == 50
 
 

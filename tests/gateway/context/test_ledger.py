@@ -93,7 +93,8 @@ def test_the_models_restore_calls_are_counted(
     (entry,) = entries(gateway)
     assert entry["restores"] == {"calls": 1}
     (ref,) = entry["refs"]
-    assert ref["bytes"] == len(OUTPUT.encode()) and ref["kind"] == "tool output"
+    assert ref["bytes"] == len(OUTPUT.encode())
+    assert ref["kind"] == "tool output"
     # The usage the entry prices is the conversation's first answer's, not the rounds'.
     assert entry["cache"]["uncached"] == 500
 
@@ -151,7 +152,8 @@ def test_a_stream_is_entered_once_it_is_over_with_its_usage(
         )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Hi"
     (entry,) = entries(gateway)
-    assert entry["stream"] is True and entry["status"] == 200
+    assert entry["stream"] is True
+    assert entry["status"] == 200
     assert entry["cache"] == {
         "verdict": "cold",
         "reason": "new",
@@ -192,7 +194,8 @@ def test_a_responses_request_is_entered_as_such(
     with sdk(gateway) as client:
         client.responses.create(model="gpt-4o", input="Finish the report.")
     (entry,) = entries(gateway)
-    assert entry["api"] == "responses" and entry["model"] == "gpt-4o"
+    assert entry["api"] == "responses"
+    assert entry["model"] == "gpt-4o"
     assert entry["cache"]["uncached"] == 30
 
 
@@ -228,9 +231,11 @@ def test_a_summarised_span_and_what_the_gateway_added() -> None:
         ("shortened", "assistant"),
         ("kept", "user"),
     ]
-    assert rows[3]["client"] is None and rows[3]["upstream"]["text"].startswith("[Recalled")
+    assert rows[3]["client"] is None
+    assert rows[3]["upstream"]["text"].startswith("[Recalled")
     assert rows[1]["upstream"] is None
-    assert rows[4]["client"]["chars"] == 917 and rows[4]["upstream"]["chars"] == 117
+    assert rows[4]["client"]["chars"] == 917
+    assert rows[4]["upstream"]["chars"] == 117
     # Without a summary, what is gone was pruned.
     rows = detail_of(_chat(sent, [opening, short, latest], summary=False))["messages"]
     assert [row["fate"] for row in rows] == ["kept", "pruned", "pruned", "shortened", "kept"]

@@ -63,22 +63,31 @@ def test_an_offloaded_tool_output_is_in_the_ledger_with_its_ref(
 ) -> None:
     chat(memory_gateway, upstream, history(OUTPUT))
     body = listed(memory_gateway)
-    assert body["object"] == "list" and body["total"] == 1 and not body["has_more"]
+    assert body["object"] == "list"
+    assert body["total"] == 1
+    assert not body["has_more"]
     row = body["data"][0]
-    assert row["requests"] == 1 and row["model"] == "gpt-4o" and row["api"] == "chat"
+    assert row["requests"] == 1
+    assert row["model"] == "gpt-4o"
+    assert row["api"] == "chat"
     assert row["title"] == "Export the bookings."
     assert row["client_tokens"] > 10 * row["upstream_tokens"]
     # The mock reports 12 prompt tokens; gpt-4o has a list price: known, and saved.
-    assert row["priced"] == 1 and row["cost_without"] > row["cost_with"] > 0
+    assert row["priced"] == 1
+    assert row["cost_without"] > row["cost_with"] > 0
 
     conversation = api(memory_gateway, f"/{row['id']}").json()
-    assert conversation["object"] == "conversation" and conversation["requests"]["total"] == 1
+    assert conversation["object"] == "conversation"
+    assert conversation["requests"]["total"] == 1
     entry = conversation["requests"]["data"][0]
-    assert entry["api"] == "chat" and entry["status"] == 200 and entry["stream"] is False
+    assert entry["api"] == "chat"
+    assert entry["status"] == 200
+    assert entry["stream"] is False
     acted = [stage["name"] for stage in entry["stages"] if stage["changed"]]
     assert "filter" in acted
     (ref,) = entry["refs"]
-    assert ref["kind"] == "tool output" and ref["stage"] == "filter"
+    assert ref["kind"] == "tool output"
+    assert ref["stage"] == "filter"
     assert ref["bytes"] == len(OUTPUT.encode())
     assert ref["replaced"] == f"tool message, {len(OUTPUT):,} characters"
 
@@ -86,7 +95,8 @@ def test_an_offloaded_tool_output_is_in_the_ledger_with_its_ref(
     fates = [(message["role"], message["fate"]) for message in detail["messages"]]
     assert fates == [("user", "kept"), ("assistant", "kept"), ("tool", "offloaded")]
     tool = detail["messages"][2]
-    assert tool["refs"] == [ref["ref"]] and tool["client"]["chars"] == len(OUTPUT)
+    assert tool["refs"] == [ref["ref"]]
+    assert tool["client"]["chars"] == len(OUTPUT)
     assert tool["client"]["text"] == OUTPUT[:300]
     # The ref shows the original bytes.
     original = httpx.get(
@@ -102,7 +112,8 @@ def test_another_key_sees_nothing_of_it(
     chat(memory_gateway, upstream, history(OUTPUT))
     mine = listed(memory_gateway)["data"][0]
     theirs = api(memory_gateway, "", OTHER).json()
-    assert theirs["data"] == [] and theirs["total"] == 0
+    assert theirs["data"] == []
+    assert theirs["total"] == 0
     assert api(memory_gateway, f"/{mine['id']}", OTHER).status_code == 404
     request_id = api(memory_gateway, f"/{mine['id']}").json()["requests"]["data"][0]["id"]
     assert api(memory_gateway, f"/{mine['id']}/requests/{request_id}", OTHER).status_code == 404
@@ -125,11 +136,13 @@ def test_a_compaction_is_marked_and_an_unpriced_model_has_no_cost(
     by_model = {row["model"]: row for row in rows}
     tiny = by_model["tiny-1"]
     entry = api(memory_gateway, f"/{tiny['id']}").json()["requests"]["data"][0]
-    assert entry["compaction"] is True and tiny["compactions"] == 1
+    assert entry["compaction"] is True
+    assert tiny["compactions"] == 1
     assert entry["tokens"]["client"] > entry["thresholds"]["trigger"] == 3_500
     assert entry["tokens"]["upstream"] < entry["tokens"]["client"]
     compress = next(stage for stage in entry["stages"] if stage["name"] == "compress")
-    assert compress["changed"] and "level=full" in compress["note"]
+    assert compress["changed"]
+    assert "level=full" in compress["note"]
     detail = api(memory_gateway, f"/{tiny['id']}/requests/{entry['id']}").json()["detail"]
     fates = {message["fate"] for message in detail["messages"]}
     assert {"kept", "pruned", "added"} <= fates
@@ -154,7 +167,8 @@ def test_paging_newest_first(memory_gateway: GatewayServer, upstream: MockUpstre
     ]
     page = api(memory_gateway, "", offset=1, limit=1).json()
     assert [row["title"] for row in page["data"]] == ["conversation 1"]
-    assert page["total"] == 3 and page["has_more"] is True
+    assert page["total"] == 3
+    assert page["has_more"] is True
     for bad in ({"limit": 0}, {"limit": 101}, {"offset": -1}, {"limit": "x"}):
         refused = api(memory_gateway, "", **bad)
         assert refused.status_code == 400
@@ -186,12 +200,14 @@ def test_a_claude_answer_records_the_cache_it_read_and_wrote(upstream: MockUpstr
         row = listed(gateway)["data"][0]
         entry = api(gateway, f"/{row['id']}").json()["requests"]["data"][0]
     assert entry["api"] == "messages"
-    assert entry["cache"]["cached"] == 3_000 and entry["cache"]["written"] == 400
+    assert entry["cache"]["cached"] == 3_000
+    assert entry["cache"]["written"] == 400
     assert entry["cache"]["uncached"] == 100
     # Opus 4.5 list prices: $5 in, $0.50 cache read, $6.25 cache write, $25 out.
     expected = (100 * 5 + 3_000 * 0.50 + 400 * 6.25 + 20 * 25) / 1_000_000
     assert entry["cost"]["with"] == pytest.approx(expected)
-    assert row["input_tokens"] == 3_500 and row["cached_tokens"] == 3_000
+    assert row["input_tokens"] == 3_500
+    assert row["cached_tokens"] == 3_000
 
 
 def _claude_answer(usage: dict[str, int]) -> dict[str, Any]:
