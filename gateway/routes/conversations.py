@@ -3,7 +3,7 @@
 - ``GET /v1/context/conversations``: the caller's conversations, the most recently active
   first, each with its totals (requests, tokens sent and sent up, cost, cache).
 - ``GET /v1/context/conversations/{id}``: one conversation's totals and its requests'
-  entries, newest first.
+  entries (``entries``), newest first.
 - ``GET /v1/context/conversations/{id}/requests/{request_id}``: one request's entry with its
   detail (the messages the client sent beside those that went up), while it is kept.
 
@@ -59,7 +59,7 @@ async def conversation(request: Request[Any, Any, Any]) -> ASGIResponse:
     if row is None:
         raise NotFound(f"No conversation {found!r} (it may have expired).", param="id")
     listed = _listed(page, offset, limit)
-    return _json(request, {"object": "conversation", **row, "requests": listed})
+    return _json(request, {"object": "conversation", **row, "entries": listed})
 
 
 @get("/v1/context/conversations/{conversation_id:str}/requests/{request_id:str}")

@@ -135,11 +135,12 @@ _ANSWER_SCHEMAS: Final[dict[str, Any]] = {
     },
     "Conversation": {
         "type": "object",
-        "required": ["object", "id", "requests"],
+        "required": ["object", "id", "requests", "entries"],
         "properties": {
             "object": {"const": "conversation"},
             "id": _STRING,
-            "requests": {
+            "requests": {"type": "integer", "minimum": 1},
+            "entries": {
                 "type": "object",
                 "required": ["data", "total", "offset", "limit", "has_more"],
                 "properties": {

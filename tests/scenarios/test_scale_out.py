@@ -1,8 +1,9 @@
 """Scaling out: three ``contextgate serve`` processes on one Redis, the requests of a
 conversation spread across them. What one replica offloaded the others restore; a summary
 prepared on one is used by another without asking the model again; three replicas
-crossing the prepare threshold at once ask the summary model once; and a replica killed
-mid-stream breaks only its own streams, while its refs stay restorable elsewhere."""
+crossing the prepare threshold at once ask the summary model once; a conversation served by
+two replicas shows all its requests in the ledger of either; and a replica killed mid-stream
+breaks only its own streams, while its refs stay restorable elsewhere."""
 
 from __future__ import annotations
 
@@ -361,6 +362,54 @@ def test_three_replicas_crossing_the_threshold_at_once_ask_for_one_summary(
     # The three requests were all in before the summary model answered: they overlapped.
     assert max(r.at for r in chat_requests(upstream)[-3:]) < call.at + delay
     assert (jobs["scheduled"], jobs["made"], jobs["locked"] + jobs["reused"]) == (3, 1, 2)
+
+
+def test_a_conversation_served_by_two_replicas_shows_all_its_requests_on_either(
+    replicas: Replicas, upstream: MockUpstream
+) -> None:
+    """Four requests of one conversation, alternately on A and B: the ledger each replica
+    shows has all four, newest first, the offloaded output's ref among them, and the
+    detail of a request served by A is read through B."""
+    a, b, _ = replicas
+    history = exported("ledger")
+    served: list[str] = []
+    for turn in range(4):
+        upstream.push(JSONReply(chat_completion(f"Answer {turn}.")))
+        with sdk((a, b)[turn % 2]) as client:
+            raw = client.chat.completions.with_raw_response.create(
+                model="gpt-4o",
+                messages=history,  # type: ignore[arg-type]
+                extra_headers=headers("ledger", OFFLOAD),
+            )
+        served.append(raw.headers["x-contextgate-request-id"])
+        history = [
+            *history,
+            {"role": "assistant", "content": f"Answer {turn}."},
+            {"role": "user", "content": f"Question {turn + 1}?"},
+        ]
+
+    def seen(replica: ServeProcess) -> dict[str, Any]:
+        url = f"{replica.base_url}/context/conversations/ledger"
+        found: dict[str, Any] = httpx.get(url, headers=AUTH, timeout=TIMEOUT).json()
+        return found
+
+    wait_until(lambda: all(seen(r).get("requests") == 4 for r in (a, b)))
+    for replica in (a, b):
+        conversation = seen(replica)
+        assert conversation["requests"] == conversation["entries"]["total"] == 4
+        assert [e["id"] for e in conversation["entries"]["data"]] == served[::-1]
+        assert conversation["upstream_tokens"] < conversation["client_tokens"]
+        listed = httpx.get(f"{replica.base_url}/context/conversations", headers=AUTH).json()
+        assert "ledger" in [row["id"] for row in listed["data"]]
+    first = httpx.get(
+        f"{b.base_url}/context/conversations/ledger/requests/{served[0]}",
+        headers=AUTH,
+        timeout=TIMEOUT,
+    ).json()
+    (ref,) = {ref["ref"] for ref in first["refs"]}
+    tool = next(row for row in first["detail"]["messages"] if row["role"] == "tool")
+    assert tool["fate"] == "offloaded"
+    assert tool["refs"] == [ref]
 
 
 def test_killing_a_replica_mid_stream_breaks_only_its_own_streams(

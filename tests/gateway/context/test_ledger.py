@@ -56,7 +56,7 @@ def entries(gateway: GatewayServer, count: int = 1) -> list[dict[str, Any]]:
             conversation = httpx.get(
                 f"{gateway.base_url}/context/conversations/{found}", headers=headers
             ).json()
-            data: list[dict[str, Any]] = conversation["requests"]["data"]
+            data: list[dict[str, Any]] = conversation["entries"]["data"]
             return data
         assert time.monotonic() < deadline, "no ledger entry"
         time.sleep(0.02)

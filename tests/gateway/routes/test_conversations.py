@@ -78,8 +78,8 @@ def test_an_offloaded_tool_output_is_in_the_ledger_with_its_ref(
 
     conversation = api(memory_gateway, f"/{row['id']}").json()
     assert conversation["object"] == "conversation"
-    assert conversation["requests"]["total"] == 1
-    entry = conversation["requests"]["data"][0]
+    assert conversation["entries"]["total"] == 1
+    entry = conversation["entries"]["data"][0]
     assert entry["api"] == "chat"
     assert entry["status"] == 200
     assert entry["stream"] is False
@@ -115,7 +115,7 @@ def test_another_key_sees_nothing_of_it(
     assert theirs["data"] == []
     assert theirs["total"] == 0
     assert api(memory_gateway, f"/{mine['id']}", OTHER).status_code == 404
-    request_id = api(memory_gateway, f"/{mine['id']}").json()["requests"]["data"][0]["id"]
+    request_id = api(memory_gateway, f"/{mine['id']}").json()["entries"]["data"][0]["id"]
     assert api(memory_gateway, f"/{mine['id']}/requests/{request_id}", OTHER).status_code == 404
 
 
@@ -135,7 +135,7 @@ def test_a_compaction_is_marked_and_an_unpriced_model_has_no_cost(
     rows = listed(memory_gateway, count=2)["data"]
     by_model = {row["model"]: row for row in rows}
     tiny = by_model["tiny-1"]
-    entry = api(memory_gateway, f"/{tiny['id']}").json()["requests"]["data"][0]
+    entry = api(memory_gateway, f"/{tiny['id']}").json()["entries"]["data"][0]
     assert entry["compaction"] is True
     assert tiny["compactions"] == 1
     assert entry["tokens"]["client"] > entry["thresholds"]["trigger"] == 3_500
@@ -150,7 +150,7 @@ def test_a_compaction_is_marked_and_an_unpriced_model_has_no_cost(
     assert entry["cost"]["with"] is not None
     unpriced = by_model["unpriced-model"]
     assert unpriced["priced"] == 0
-    entry = api(memory_gateway, f"/{unpriced['id']}").json()["requests"]["data"][0]
+    entry = api(memory_gateway, f"/{unpriced['id']}").json()["entries"]["data"][0]
     assert entry["cost"] == {"with": None, "without": None, "currency": "USD"}
     detail = api(memory_gateway, f"/{tiny['id']}/requests/{entry['id']}", KEY)
     assert detail.status_code == 404  # that request belongs to the other conversation
@@ -198,7 +198,7 @@ def test_a_claude_answer_records_the_cache_it_read_and_wrote(upstream: MockUpstr
             messages=[{"role": "user", "content": "Read the logs."}],
         )
         row = listed(gateway)["data"][0]
-        entry = api(gateway, f"/{row['id']}").json()["requests"]["data"][0]
+        entry = api(gateway, f"/{row['id']}").json()["entries"]["data"][0]
     assert entry["api"] == "messages"
     assert entry["cache"]["cached"] == 3_000
     assert entry["cache"]["written"] == 400
