@@ -153,8 +153,7 @@ _ANSWER_SCHEMAS: Final[dict[str, Any]] = {
     "LedgerEntry": {
         "type": "object",
         "required": ["id", "at", "api", "model", "tokens", "stages", "cache", "cost"],
-        "description": "What the gateway did to one request (docs/API.md lists every"
-        " field).",
+        "description": "What the gateway did to one request (docs/API.md lists every field).",
         "properties": {
             "id": _STRING,
             "at": {"type": "number"},
