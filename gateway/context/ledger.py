@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from difflib import SequenceMatcher
 from typing import Any, Final, Literal
 
 import orjson
@@ -49,10 +48,16 @@ log = logging.getLogger("contextgate")
 
 TEXT_CHARS: Final = 300
 """Characters of each message the detail shows (the original is behind its ref, or in the
-client's own history)."""
+client's own history), fewer when the detail has many rows: ``DETAIL_TEXT_CHARS`` in all,
+never under ``MIN_TEXT_CHARS`` each."""
+DETAIL_TEXT_CHARS: Final = 40_000
+MIN_TEXT_CHARS: Final = 80
 TITLE_CHARS: Final = 120
+RUN_SHOWN: Final = 6
+"""Rows of one fate shown in a row at most: a longer run shows its first and last three
+and one row counting the rest."""
 MAX_ROWS: Final = 400
-"""Rows of the detail at most (the first and the latest messages kept beyond it)."""
+"""Rows of the detail at most (the first and the latest kept beyond it)."""
 _NOTE_CHARS: Final = 160
 _ADDED: Final = ("[Recalled context", "[Context note")
 """How the messages the gateway adds begin (a summary, compress's notes)."""
@@ -336,17 +341,48 @@ def detail_of(chat: ChatRequest) -> dict[str, Any]:
     sent = _messages(chat.body)
     went = _messages(chat.result.request)
     summarised = _checkpoint(chat) is not None
+    kept = {id(message): index for index, message in enumerate(went)}
     rows: list[dict[str, Any]] = []
-    matcher = SequenceMatcher(None, [id(m) for m in sent], [id(m) for m in went], autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            rows.extend(_row("kept", m, m) for m in sent[i1:i2])
+    i = j = 0
+    for index, message in enumerate(sent):
+        found = kept.get(id(message))
+        if found is None or found < j:
             continue
-        rows.extend(_changed(sent[i1:i2], went[j1:j2], summarised))
+        rows.extend(_changed(sent[i:index], went[j:found], summarised))
+        rows.append(_row("kept", message, None))
+        i, j = index + 1, found + 1
+    rows.extend(_changed(sent[i:], went[j:], summarised))
+    rows = _collapsed(rows)
     truncated = len(rows) > MAX_ROWS
     if truncated:
         rows = [*rows[:20], *rows[-(MAX_ROWS - 20) :]]
+    sides = [side for row in rows for side in (row.get("client"), row.get("upstream")) if side]
+    shown = max(MIN_TEXT_CHARS, min(TEXT_CHARS, DETAIL_TEXT_CHARS // max(1, len(sides))))
+    if shown < TEXT_CHARS:
+        for side in sides:
+            side["text"] = side["text"][:shown]
     return {"messages": rows, "truncated": truncated}
+
+
+def _collapsed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each run of more than ``RUN_SHOWN`` rows of one fate shown by its
+    first and last few and one row counting the rest (``collapsed``)."""
+    shown: list[dict[str, Any]] = []
+    start = 0
+    while start < len(rows):
+        end = start
+        while end < len(rows) and rows[end]["fate"] == rows[start]["fate"]:
+            end += 1
+        if end - start > RUN_SHOWN:
+            edge = RUN_SHOWN // 2
+            hidden = end - start - 2 * edge
+            shown += rows[start : start + edge]
+            shown.append({"fate": rows[start]["fate"], "collapsed": hidden})
+            shown += rows[end - edge : end]
+        else:
+            shown += rows[start:end]
+        start = end
+    return shown
 
 
 def _messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -398,22 +434,21 @@ def _fate(sent: dict[str, Any], went: dict[str, Any]) -> Fate:
 
 
 def _row(fate: Fate, sent: dict[str, Any] | None, went: dict[str, Any] | None) -> dict[str, Any]:
+    """One row: the client's side and what went up (``None`` where there is none; for a
+    message kept as it was, only the client's side)."""
     shown = went if went is not None else sent
     assert shown is not None
     text = _text(went) if went is not None else ""
     return {
         "fate": fate,
         "role": str(shown.get("role", "")),
-        "client": _side(sent),
-        "upstream": _side(went),
+        "client": _side(_text(sent)) if sent is not None else None,
+        "upstream": _side(text) if went is not None and fate != "kept" else None,
         "refs": sorted(set(REF_PATTERN.findall(text))) if fate != "kept" else [],
     }
 
 
-def _side(message: dict[str, Any] | None) -> dict[str, Any] | None:
-    if message is None:
-        return None
-    text = _text(message)
+def _side(text: str) -> dict[str, Any]:
     return {"text": text[:TEXT_CHARS], "chars": len(text)}
 
 
@@ -449,7 +484,7 @@ def _name_replaced(refs: list[dict[str, Any]], detail: Mapping[str, Any]) -> Non
     row whose upstream side names the ref."""
     by_ref = {ref["ref"]: ref for ref in refs}
     for row in detail["messages"]:
-        client = row["client"]
+        client = row.get("client")
         if client is None:
             continue
         for ref in row["refs"]:
