@@ -181,9 +181,10 @@ class MemoryLedger:
             request_id, summary = found.entries.pop()
             self._forget(found, len(summary) + ENTRY_OVERHEAD)
             self._forget_detail(found, request_id)
-        if len(found.details) > self.max_details:
-            for request_id, _ in list(found.entries)[self.max_details :]:
-                self._forget_detail(found, request_id)
+        # The entry now just past the latest ``max_details`` loses its detail, whether or
+        # not the newer ones have one.
+        if len(found.entries) > self.max_details:
+            self._forget_detail(found, found.entries[self.max_details][0])
         while len(held) > self.max_conversations:
             self._drop(namespace, next(iter(held)))
         self._shrink((namespace, conversation))

@@ -23,8 +23,9 @@ One script writes an entry in one round trip, atomically: it pushes the summary,
 the log to ``max_requests``, keeps the detail and drops the one leaving the detail
 window, applies the totals, indexes the conversation, drops the namespace's least recently
 active conversations past ``max_conversations`` (entries and all), takes out of the index
-those whose TTL has run out (their keys are gone already), and renews every key's TTL. The cost of the single slot: a namespace's whole
-ledger lives on one cluster node, and its writes go to that node.
+those whose TTL has run out (their keys are gone already), and renews every key's TTL.
+The cost of the single slot: a namespace's whole ledger lives on one cluster node, and
+its writes go to that node.
 
 Reads: a page of conversations is one script (the index's page, its count and each row);
 a page of entries one pipelined ``LRANGE`` and ``LLEN``; one entry a script that looks
@@ -273,7 +274,7 @@ def _totals(totals: Totals) -> list[str]:
             elif isinstance(value, float):
                 # HINCRBYFLOAT refuses infinities, and a refused command would leave the
                 # script's earlier writes in place.
-                if math.isfinite(value):
+                if operation != "add" or math.isfinite(value):
                     args += [operation, "f", name, repr(value)]
             else:
                 args += [operation, "i", name, str(int(value))]
