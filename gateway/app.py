@@ -24,6 +24,7 @@ from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.conversations import conversation, conversation_request, conversations
 from gateway.routes.health import healthz, readyz
+from gateway.routes.inspector import inspector_headers, inspector_routes, inspector_templates
 from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
@@ -140,6 +141,7 @@ def create_app(
             metrics,
             stored_completions,
             relayed,
+            *inspector_routes(settings.inspector),
         ],
         exception_handlers={
             GatewayError: _on_gateway_error,
@@ -148,6 +150,8 @@ def create_app(
         },
         # The server span, when traced, is outermost: refusals at admission are traced too.
         middleware=[ServerSpans, admission] if traced else [admission],
+        before_send=[inspector_headers],
+        template_config=inspector_templates(),
         on_startup=[gateway.warm],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,

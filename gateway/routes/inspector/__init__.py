@@ -1,0 +1,132 @@
+"""The context inspector: a page at ``/ui/`` that shows what the gateway did to each
+conversation, read from the ledger (``gateway.store.ledger``).
+
+- ``GET /ui/``: the conversations of the viewer's namespace, the most recently active
+  first (the key form without a session);
+- ``GET /ui/conversations/{id}``: one conversation's timeline, a chart and its requests;
+- ``GET /ui/conversations/{id}/requests/{request_id}``: what one request went through;
+- ``GET /ui/objects/{ref}``: the original content behind a ref;
+- ``POST /ui/session`` (form field ``key``) opens a session, ``POST /ui/logout`` ends it;
+- ``GET /ui/static/...``: the stylesheet and the poller; ``GET /`` goes to ``/ui/``.
+
+Server-rendered (``gateway/ui/templates``, Jinja2 escaping everything), no inline script
+or style, nothing fetched from elsewhere. The routes are public to admission
+(``gateway.edge.admission``): they authenticate by their own signed cookie
+(``session.py``), which holds the namespace a key named, never the key. Every response
+under ``/ui`` carries ``SECURITY_HEADERS`` (``inspector_headers``, the application's
+``before_send`` hook), errors and static files included. With ``inspector.ui`` or
+``inspector.enabled`` off there are no such routes: ``/ui/`` is a 404.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from litestar import Request, Response, Router, get
+from litestar.exceptions import HTTPException
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.response import Redirect, Template
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+from litestar.types import Message, Scope
+
+from gateway.config.inspector import InspectorSettings
+from gateway.routes.inspector.formats import prepare_engine
+from gateway.routes.inspector.pages import (
+    FRAGMENT,
+    close_session,
+    conversation_pages,
+    conversations_page,
+    object_page,
+    open_session,
+)
+from pipelines import StoreError
+
+__all__ = [
+    "SECURITY_HEADERS",
+    "STATIC",
+    "TEMPLATES",
+    "inspector_headers",
+    "inspector_routes",
+    "inspector_templates",
+]
+
+_UI: Final = Path(__file__).resolve().parents[2] / "ui"
+TEMPLATES: Final = _UI / "templates"
+STATIC: Final = _UI / "static"
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS: Final = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+)
+_REPLACED: Final = frozenset(name for name, _ in SECURITY_HEADERS)
+
+
+def _is_inspector(path: str) -> bool:
+    return path in ("/", "/ui") or path.startswith("/ui/")
+
+
+async def inspector_headers(message: Message, scope: Scope) -> None:
+    """``SECURITY_HEADERS`` on every response under ``/ui`` (and ``/``), whoever made it:
+    a page, a static file, an error Litestar raised before any handler ran."""
+    if message["type"] != "http.response.start" or not _is_inspector(scope["path"]):
+        return
+    headers = [(n, v) for n, v in message.get("headers", ()) if n.lower() not in _REPLACED]
+    message["headers"] = [*headers, *SECURITY_HEADERS]
+
+
+def _error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """An error as a page (a bare status for the poller)."""
+    if isinstance(exc, StoreError):
+        status = 503
+        detail = "The gateway's store cannot be read just now. Try again in a moment."
+    else:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "Something went wrong."
+    if request.headers.get(FRAGMENT) == "live":
+        return Response(b"", status_code=status, media_type="text/plain")
+    context = {"status": status, "detail": detail, "viewer": None}
+    return Template(template_name="error.html", context=context, status_code=status)
+
+
+@get("/", include_in_schema=False)
+async def to_inspector() -> Redirect:
+    """The gateway's root is the inspector."""
+    return Redirect("/ui/", status_code=302)
+
+
+def inspector_routes(settings: InspectorSettings) -> list[Router]:
+    """The inspector's pages and static files, or nothing when the page is off."""
+    if not (settings.enabled and settings.ui):
+        return []
+    pages = Router(
+        "/",
+        route_handlers=[
+            conversations_page,
+            conversation_pages,
+            object_page,
+            open_session,
+            close_session,
+            to_inspector,
+        ],
+        opt={"public": True},
+        include_in_schema=False,
+        exception_handlers={HTTPException: _error_page, StoreError: _error_page},
+    )
+    static = create_static_files_router(
+        path="/ui/static", directories=[STATIC], opt={"public": True}, name="inspector-static"
+    )
+    return [pages, static]
+
+
+def inspector_templates() -> TemplateConfig[JinjaTemplateEngine]:
+    """The inspector's templates, rendered by Jinja2 with autoescaping."""
+    return TemplateConfig(
+        directory=TEMPLATES, engine=JinjaTemplateEngine, engine_callback=prepare_engine
+    )
