@@ -41,6 +41,7 @@ from gateway.routes.inspector.pages import (
     object_page,
     open_session,
 )
+from gateway.routes.inspector.session import COOKIE
 from pipelines import StoreError
 
 __all__ = [
@@ -91,7 +92,8 @@ def _error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any
         detail = exc.detail if isinstance(exc, HTTPException) else "Something went wrong."
     if request.headers.get(FRAGMENT) == "live":
         return Response(b"", status_code=status, media_type="text/plain")
-    context = {"status": status, "detail": detail, "viewer": None}
+    signed_in = bool(request.cookies.get(COOKIE))
+    context = {"status": status, "detail": detail, "viewer": None, "signed_in": signed_in}
     return Template(template_name="error.html", context=context, status_code=status)
 
 

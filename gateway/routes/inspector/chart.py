@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from gateway.routes.inspector.views import number
@@ -20,7 +20,9 @@ __all__ = ["LEVELS", "Chart", "Column", "Level", "chart_of", "short_tokens"]
 
 WIDTH: Final = 1200
 HEIGHT: Final = 300
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 22, 30
+_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 84, 22, 30
+_LABEL_GAP: Final = 13
+"""Pixels between the levels' labels at least, so that close levels stay readable."""
 LEVELS: Final = (
     ("budget", "Budget"),
     ("emergency", "Emergency"),
@@ -146,6 +148,7 @@ def chart_of(entries: Sequence[Mapping[str, Any]]) -> Chart:
         latest = next((value for _, value in reversed(steps) if value is not None), None)
         if path and latest is not None:
             levels.append(Level(name, label, path, y(latest)))
+    levels = _apart(levels)
     ticks = [(y(step * i), short_tokens(step * i)) for i in range(int(top_value / step) + 1)]
     every = max(1, int(_nice(count / 10)))
     x_ticks = [(c.x, f"#{c.number}") for c in columns if c.number == 1 or c.number % every == 0]
@@ -157,6 +160,15 @@ def chart_of(entries: Sequence[Mapping[str, Any]]) -> Chart:
         y_ticks=ticks,
         x_ticks=x_ticks,
     )
+
+
+def _apart(levels: list[Level]) -> list[Level]:
+    """The levels with their labels moved down where one would cover the one above."""
+    placed: list[Level] = []
+    for level in sorted(levels, key=lambda found: found.label_y):
+        lowest = placed[-1].label_y + _LABEL_GAP if placed else level.label_y
+        placed.append(replace(level, label_y=max(level.label_y, lowest)))
+    return placed
 
 
 def _line(points: Sequence[tuple[float, float | None]]) -> str:

@@ -17,7 +17,17 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 
 from gateway.routes.inspector.views import number, segments
 
-__all__ = ["FILTERS", "ago", "clock", "money", "percent", "prepare_engine", "tokens", "when"]
+__all__ = [
+    "FILTERS",
+    "ago",
+    "clock",
+    "delta",
+    "money",
+    "percent",
+    "prepare_engine",
+    "tokens",
+    "when",
+]
 
 UNKNOWN: Final = "unknown"
 DASH: Final = "—"
@@ -31,13 +41,22 @@ def tokens(value: Any) -> str:
 
 
 def money(value: Any) -> str:
-    """``$0.1234`` under a dollar, ``$12.35`` above; ``unknown`` when unknown."""
+    """``$12.35``, ``$0.987``, ``$0.0740``: cents from a dollar, three significant digits
+    under; ``unknown`` when unknown."""
     found = number(value)
     if found is None:
         return UNKNOWN
-    sign = MINUS if found < 0 else ""
-    found = abs(found)
-    return f"{sign}${found:,.4f}" if found < 1 else f"{sign}${found:,.2f}"
+    sign, found = MINUS if found < 0 else "", abs(found)
+    places = 2 if found >= 1 else 3 if found >= 0.1 else 4
+    return f"{sign}${found:,.{places}f}"
+
+
+def delta(value: Any) -> str:
+    """``+1,600`` or ``\u22121,600``: a change in tokens."""
+    found = number(value)
+    if found is None:
+        return DASH
+    return f"{MINUS if found < 0 else '+'}{abs(round(found)):,}"
 
 
 def percent(value: Any) -> str:
@@ -88,6 +107,7 @@ def path_part(value: Any) -> str:
 
 FILTERS: Final = {
     "tokens": tokens,
+    "delta": delta,
     "money": money,
     "percent": percent,
     "when": when,

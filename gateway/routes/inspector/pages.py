@@ -248,6 +248,15 @@ async def _request_page(
     entry = await gateway.stores.ledger.request(namespace, conversation, request_id)
     if entry is None:
         raise NotFoundException("No such request in this conversation's ledger.")
+    listed = await gateway.stores.ledger.requests(namespace, conversation, offset=0, limit=CHARTED)
+    ids = [str(item.get("id")) for item in listed.items]
+    at = ids.index(request_id) if request_id in ids else None
+    context |= {
+        "newer": ids[at - 1] if at else None,
+        "older": ids[at + 1] if at is not None and at + 1 < len(ids) else None,
+        "number": listed.total - at if at is not None else None,
+        "total": listed.total,
+    }
     detail = entry.get("detail")
     summary = entry.get("summary")
     native = entry.get("native")
@@ -282,6 +291,7 @@ async def object_page(request: AnyRequest) -> Template | Response[bytes]:
     if content is None:
         raise NotFoundException("No object under this ref for your key (it may have expired).")
     context = {"viewer": who(namespace), "ref": ref, "size": len(content), "image": None}
+    context["lines"] = len(content.splitlines())
     context |= {"text": None, "shown": min(len(content), OBJECT_SHOWN), "binary": False}
     image = _image_url(content)
     if image is not None:

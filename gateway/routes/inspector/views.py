@@ -205,6 +205,12 @@ class MessageRow:
     upstream: Side | None
     refs: tuple[str, ...]
 
+    @property
+    def unshown_refs(self) -> tuple[str, ...]:
+        """The refs this message names that its shown text does not (they were cut)."""
+        shown = self.upstream.text if self.upstream is not None else ""
+        return tuple(ref for ref in self.refs if ref not in shown)
+
 
 _FATES: Final = frozenset({"kept", "shortened", "offloaded", "pruned", "summarised", "added"})
 
