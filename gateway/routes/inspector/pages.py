@@ -58,17 +58,27 @@ _INSPECTOR_URL: Final = re.compile(r"/ui/[A-Za-z0-9._~%/:@+=!$&'()*,;?-]*")
 
 
 async def _namespace(request: AnyRequest) -> str | None:
-    """The namespace of the request's session, or ``None`` without a valid one."""
+    """The namespace of the request's session, or ``None`` without a valid one. A
+    session is valid only for a namespace the gateway still admits callers to: a tenant
+    still configured, or a key's namespace while there are no tenants."""
     value = request.cookies.get(COOKIE)
     if not value:
         return None
-    return opened(value, await runtime_of(request).stores.secret(), time.time())
+    gateway = runtime_of(request)
+    namespace = opened(value, await gateway.stores.secret(), time.time())
+    if namespace is None:
+        return None
+    tenant = namespace.removeprefix("tenant:") if namespace.startswith("tenant:") else None
+    if gateway.tenants:
+        names = {configured.name for configured in gateway.settings.tenants}
+        return namespace if tenant in names else None
+    return namespace if tenant is None else None
 
 
-def _page(request: AnyRequest, name: str, context: dict[str, Any], status: int = 200) -> Template:
+def _page(request: AnyRequest, name: str, context: dict[str, Any]) -> Template:
     """``name``'s page, or its live part (``_<name>``) when the poller asks for it."""
     live = request.headers.get(FRAGMENT) == "live"
-    return Template(template_name=f"_{name}" if live else name, context=context, status_code=status)
+    return Template(template_name=f"_{name}" if live else name, context=context)
 
 
 def _form(
@@ -290,16 +300,19 @@ async def object_page(request: AnyRequest) -> Template | Response[bytes]:
     content = await runtime_of(request).stores.objects.get(namespace, ref)
     if content is None:
         raise NotFoundException("No object under this ref for your key (it may have expired).")
-    context = {"viewer": who(namespace), "ref": ref, "size": len(content), "image": None}
-    context["lines"] = len(content.splitlines())
-    context |= {"text": None, "shown": min(len(content), OBJECT_SHOWN), "binary": False}
     image = _image_url(content)
-    if image is not None:
-        context["image"] = image
-    else:
-        text = content[:OBJECT_SHOWN].decode("utf-8", errors="replace")
-        context["text"] = text
-        context["binary"] = "\ufffd" in text and b"\xef\xbf\xbd" not in content
+    text = content[:OBJECT_SHOWN].decode("utf-8", errors="replace") if image is None else None
+    context = {
+        "viewer": who(namespace),
+        "ref": ref,
+        "size": len(content),
+        "lines": len(content.splitlines()),
+        "shown": min(len(content), OBJECT_SHOWN),
+        "image": image,
+        "text": text,
+        # Replacement characters the decoding made, not ones the content holds.
+        "binary": text is not None and "\ufffd" in text and b"\xef\xbf\xbd" not in content,
+    }
     return Template(template_name="object.html", context=context)
 
 

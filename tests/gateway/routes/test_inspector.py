@@ -16,7 +16,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from gateway.app import create_app
-from gateway.config import Settings, TenantSettings, UpstreamSettings
+from gateway.config import Settings, StoreSettings, TenantSettings, UpstreamSettings
 from gateway.config.inspector import InspectorSettings
 from gateway.routes.inspector import CONTENT_SECURITY_POLICY
 from gateway.routes.inspector.chart import chart_of
@@ -170,7 +170,8 @@ def entry(
 # ---- the app ---------------------------------------------------------------------------
 
 
-def tenanted(**inspector: Any) -> Settings:
+def tenanted(store: StoreSettings | None = None, **inspector: Any) -> Settings:
+    """Acme and Globex, an inspector with ``inspector``'s settings."""
     return Settings(
         upstream=UpstreamSettings(base_url=UPSTREAM, api_key="sk-upstream"),
         tenants=(
@@ -178,6 +179,7 @@ def tenanted(**inspector: Any) -> Settings:
             TenantSettings("globex", (hash_key(GLOBEX_KEY),)),
         ),
         inspector=InspectorSettings(**inspector),
+        store=store or StoreSettings(),
         summaries=False,
     )
 
@@ -354,6 +356,21 @@ async def test_a_forged_altered_or_expired_cookie_is_the_form(
         assert "session has ended" in response.text
         assert f'{COOKIE}=""' in response.headers["set-cookie"]
         client.cookies.clear()
+
+
+async def test_a_session_ends_with_its_tenant() -> None:
+    """A tenant no longer configured (the same store's secret, so its cookie still
+    verifies) sees the form again; so does a passthrough session once there are tenants."""
+    secret = b"the store's shared secret, 0123456789"
+    cookies = [sealed("tenant:initech", secret, time.time())]
+    cookies.append(sealed("key:0123456789abcdef", secret, time.time()))
+    async with serving(tenanted(StoreSettings(secret=secret.decode()))) as c:
+        for value in cookies:
+            c.cookies.set(COOKIE, value, path="/ui")
+            assert 'name="key"' in (await c.get("/ui/")).text
+            c.cookies.clear()
+        c.cookies.set(COOKIE, sealed("tenant:acme", secret, time.time()), path="/ui")
+        assert "tenant acme" in (await c.get("/ui/")).text
 
 
 async def test_a_form_from_another_site_opens_no_session(client: AsyncTestClient[Any]) -> None:
