@@ -239,7 +239,7 @@ async def conversation_pages(request: AnyRequest, page: Page = 1) -> Template | 
         "chart": chart_of(list(reversed(charted.items))),
         "charted": len(charted.items),
         "levels": LEVELS,
-        "requests": [views.request_row(entry) for entry in listed],
+        "requests": [views.RequestRow.of(entry) for entry in listed],
         "total": charted.total,
         "page": page,
         "pages": max(1, math.ceil(charted.total / REQUESTS_PER_PAGE)),
@@ -272,7 +272,7 @@ async def _request_page(
     native = entry.get("native")
     context |= {
         "entry": entry,
-        "row": views.request_row(entry),
+        "row": views.RequestRow.of(entry),
         "stages": [stage for stage in entry.get("stages") or () if isinstance(stage, Mapping)],
         "refs": [ref for ref in entry.get("refs") or () if isinstance(ref, Mapping)],
         "messages": views.message_rows(detail) if isinstance(detail, Mapping) else None,

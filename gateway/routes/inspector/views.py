@@ -20,13 +20,13 @@ __all__ = [
     "SUMMARY_FIELDS",
     "Cost",
     "MessageRow",
+    "RequestRow",
     "Row",
     "Side",
     "cost_of_entry",
     "cost_of_row",
     "message_rows",
     "number",
-    "request_row",
     "segments",
     "summary_fields",
 ]
@@ -154,26 +154,47 @@ class Row:
         )
 
 
-def request_row(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """One request as its line in the timeline's table."""
-    tokens, cache = _mapping(entry.get("tokens")), _mapping(entry.get("cache"))
-    stages = [_mapping(stage) for stage in entry.get("stages") or ()]
-    return {
-        "id": str(entry.get("id", "")),
-        "at": number(entry.get("at")),
-        "api": str(entry.get("api") or ""),
-        "model": str(entry.get("model") or ""),
-        "status": number(entry.get("status")),
-        "client": number(tokens.get("client")),
-        "upstream": number(tokens.get("upstream")),
-        "acted": [str(s.get("name")) for s in stages if s.get("changed") and not s.get("error")],
-        "failed": [str(s.get("name")) for s in stages if s.get("error")],
-        "compaction": entry.get("compaction") is True,
-        "verdict": str(cache.get("verdict") or ""),
-        "reason": str(cache.get("reason") or ""),
-        "cost": cost_of_entry(entry),
-        "restores": int(number(_mapping(entry.get("restores")).get("calls")) or 0),
-    }
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """A request as its line in the timeline's table and its page's heading."""
+
+    id: str
+    at: float | None
+    api: str
+    model: str
+    status: float | None
+    client: float | None
+    upstream: float | None
+    acted: list[str]
+    """The stages that changed the request."""
+    failed: list[str]
+    """The stages that raised (and were skipped)."""
+    compaction: bool
+    verdict: str
+    reason: str
+    cost: Cost
+    restores: int
+
+    @classmethod
+    def of(cls, entry: Mapping[str, Any]) -> RequestRow:
+        tokens, cache = _mapping(entry.get("tokens")), _mapping(entry.get("cache"))
+        stages = [_mapping(stage) for stage in entry.get("stages") or ()]
+        return cls(
+            id=str(entry.get("id", "")),
+            at=number(entry.get("at")),
+            api=str(entry.get("api") or ""),
+            model=str(entry.get("model") or ""),
+            status=number(entry.get("status")),
+            client=number(tokens.get("client")),
+            upstream=number(tokens.get("upstream")),
+            acted=[str(s.get("name")) for s in stages if s.get("changed") and not s.get("error")],
+            failed=[str(s.get("name")) for s in stages if s.get("error")],
+            compaction=entry.get("compaction") is True,
+            verdict=str(cache.get("verdict") or ""),
+            reason=str(cache.get("reason") or ""),
+            cost=cost_of_entry(entry),
+            restores=int(number(_mapping(entry.get("restores")).get("calls")) or 0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
