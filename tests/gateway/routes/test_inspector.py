@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from litestar.testing import AsyncTestClient
@@ -23,8 +24,10 @@ from gateway.routes.inspector.chart import chart_of
 from gateway.routes.inspector.formats import ago, money, percent, tokens
 from gateway.routes.inspector.session import COOKIE, LIFETIME, opened, sealed
 from gateway.runtime import Gateway
+from gateway.store import Stores
 from gateway.store.ledger import LedgerEntry, Totals
 from gateway.tenancy.tenants import hash_key
+from tests.harness import GatewayServer
 
 ACME_KEY = "cg-acme-inspector-key-0123456789"
 GLOBEX_KEY = "cg-globex-inspector-key-0123456789"
@@ -717,3 +720,28 @@ def test_numbers_read_as_a_person_reads_them() -> None:
     assert ago(100.0, now=220.0) == "2 min ago"
     assert ago(100.0, now=101.0) == "just now"
     assert ago(0.0, now=3 * 86_400) == "3 days ago"
+
+
+async def test_with_redis_a_session_holds_on_every_replica(redis_url: str) -> None:
+    """Two replicas on one Redis (real sockets) share the store's secret and the ledger: a
+    session opened on one shows the conversation on the other."""
+    base = tenanted()
+    settings = Settings(
+        upstream=base.upstream, tenants=base.tenants, redis_url=redis_url, summaries=False
+    )
+    conversation = f"replicated-{time.time_ns()}"
+    stores = Stores.build(settings)
+    title = "Seen from either replica"
+    body = summary("cg-replicated", time.time(), client=9_000, upstream=9_000)
+    await stores.ledger.add("tenant:acme", conversation, entry(body, None, title))
+    await stores.aclose()
+    with GatewayServer(settings) as first, GatewayServer(settings) as second:
+        async with httpx.AsyncClient() as http:
+            opened_on_first = await http.post(f"{first.url}/ui/session", data={"key": ACME_KEY})
+            assert opened_on_first.status_code == 303
+            cookie = f"{COOKIE}={opened_on_first.cookies[COOKIE]}"
+            page = await http.get(
+                f"{second.url}/ui/conversations/{conversation}", headers={"cookie": cookie}
+            )
+    assert page.status_code == 200
+    assert title in page.text
