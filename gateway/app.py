@@ -24,7 +24,12 @@ from gateway.routes.chat import chat_completions
 from gateway.routes.context import compact_dry_run
 from gateway.routes.conversations import conversation, conversation_request, conversations
 from gateway.routes.health import healthz, readyz
-from gateway.routes.inspector import inspector_headers, inspector_routes, inspector_templates
+from gateway.routes.inspector import (
+    error_page,
+    inspector_routes,
+    inspector_templates,
+    is_inspector,
+)
 from gateway.routes.messages import count_tokens, messages
 from gateway.routes.metrics import metrics
 from gateway.routes.models import list_models
@@ -69,10 +74,13 @@ def _on_gateway_error(request: Request[Any, Any, Any], exc: GatewayError) -> Res
     return error_response(exc, _error_headers(request, exc))
 
 
-def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     if status >= 500:
         return _on_unexpected(request, exc)
+    inspector = request.app.state.gateway.settings.inspector
+    if inspector.enabled and inspector.ui and is_inspector(request.url.path):
+        return error_page(request, exc)  # a page under /ui/, with its headers
     error = GatewayError(
         str(exc.detail),
         code=_HTTP_CODES.get(status, "invalid_request"),
@@ -150,7 +158,6 @@ def create_app(
         },
         # The server span, when traced, is outermost: refusals at admission are traced too.
         middleware=[ServerSpans, admission] if traced else [admission],
-        before_send=[inspector_headers],
         template_config=inspector_templates(),
         on_startup=[gateway.warm],
         on_shutdown=[close],

@@ -13,8 +13,9 @@ Server-rendered (``gateway/ui/templates``, Jinja2 escaping everything), no inlin
 or style, nothing fetched from elsewhere. The routes are public to admission
 (``gateway.edge.admission``): they authenticate by their own signed cookie
 (``session.py``), which holds the namespace a key named, never the key. Every response
-under ``/ui`` carries ``SECURITY_HEADERS`` (``inspector_headers``, the application's
-``before_send`` hook), errors and static files included. With ``inspector.ui`` or
+under ``/ui`` carries ``SECURITY_HEADERS``: pages and static files by their routers'
+``after_request`` hook, errors by ``error_page``, which the application's own 404 and 405
+under ``/ui`` come to too (``is_inspector``). With ``inspector.ui`` or
 ``inspector.enabled`` off there are no such routes: ``/ui/`` is a 404.
 """
 
@@ -29,7 +30,6 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
-from litestar.types import Message, Scope
 
 from gateway.config.inspector import InspectorSettings
 from gateway.routes.inspector.formats import prepare_engine
@@ -48,9 +48,10 @@ __all__ = [
     "SECURITY_HEADERS",
     "STATIC",
     "TEMPLATES",
-    "inspector_headers",
+    "error_page",
     "inspector_routes",
     "inspector_templates",
+    "is_inspector",
 ]
 
 _UI: Final = Path(__file__).resolve().parents[2] / "ui"
@@ -60,30 +61,29 @@ CONTENT_SECURITY_POLICY: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
     " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-SECURITY_HEADERS: Final = (
-    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cache-control", b"no-store"),
-)
-_REPLACED: Final = frozenset(name for name, _ in SECURITY_HEADERS)
+SECURITY_HEADERS: Final = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
 
 
-def _is_inspector(path: str) -> bool:
+def is_inspector(path: str) -> bool:
+    """Whether ``path`` is the inspector's (``/`` too, which leads to it)."""
     return path in ("/", "/ui") or path.startswith("/ui/")
 
 
-async def inspector_headers(message: Message, scope: Scope) -> None:
-    """``SECURITY_HEADERS`` on every response under ``/ui`` (and ``/``), whoever made it:
-    a page, a static file, an error Litestar raised before any handler ran."""
-    if message["type"] != "http.response.start" or not _is_inspector(scope["path"]):
-        return
-    headers = [(n, v) for n, v in message.get("headers", ()) if n.lower() not in _REPLACED]
-    message["headers"] = [*headers, *SECURITY_HEADERS]
+def _secured(response: Response[Any]) -> Response[Any]:
+    """A page's or static file's response with ``SECURITY_HEADERS``."""
+    response.headers.update(SECURITY_HEADERS)
+    return response
 
 
-def _error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """An error as a page (a bare status for the poller)."""
+def error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """An error under ``/ui`` as a page (a bare status for the poller), with
+    ``SECURITY_HEADERS``: a handler's, and the application's own 404 and 405 for paths
+    under ``/ui`` (``gateway.app`` hands those here)."""
     if isinstance(exc, StoreError):
         status = 503
         detail = "The gateway's store cannot be read just now. Try again in a moment."
@@ -91,10 +91,12 @@ def _error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "Something went wrong."
     if request.headers.get(FRAGMENT) == "live":
-        return Response(b"", status_code=status, media_type="text/plain")
+        return Response(b"", status_code=status, media_type="text/plain", headers=SECURITY_HEADERS)
     signed_in = bool(request.cookies.get(COOKIE))
     context = {"status": status, "detail": detail, "viewer": None, "signed_in": signed_in}
-    return Template(template_name="error.html", context=context, status_code=status)
+    return Template(
+        template_name="error.html", context=context, status_code=status, headers=SECURITY_HEADERS
+    )
 
 
 @get("/", include_in_schema=False)
@@ -119,10 +121,16 @@ def inspector_routes(settings: InspectorSettings) -> list[Router]:
         ],
         opt={"public": True},
         include_in_schema=False,
-        exception_handlers={HTTPException: _error_page, StoreError: _error_page},
+        exception_handlers={HTTPException: error_page, StoreError: error_page},
+        after_request=_secured,
     )
     static = create_static_files_router(
-        path="/ui/static", directories=[STATIC], opt={"public": True}, name="inspector-static"
+        path="/ui/static",
+        directories=[STATIC],
+        opt={"public": True},
+        name="inspector-static",
+        after_request=_secured,
+        exception_handlers={HTTPException: error_page},
     )
     return [pages, static]
 
