@@ -53,7 +53,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.store.ledger import LedgerEntry, LedgerPage, Totals
+from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack_detail, unpack_detail
 from gateway.store.redis import RedisBackend, namespace_id
 from pipelines import StoreError
 
@@ -190,7 +190,7 @@ class RedisLedger:
             repr(float(entry.at)),
             entry.request_id,
             entry.request_id.encode() + b"\n" + entry.summary,
-            entry.detail or b"",
+            pack_detail(entry.detail) if entry.detail is not None else b"",
             self.max_requests,
             self.max_details,
             self.max_conversations,
@@ -252,7 +252,7 @@ class RedisLedger:
         if not found:
             return None
         item, detail = found
-        return {**_summary(item), "detail": orjson.loads(detail) if detail else None}
+        return {**_summary(item), "detail": unpack_detail(detail)}
 
 
 def _prefix(namespace: str) -> str:
