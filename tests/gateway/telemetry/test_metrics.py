@@ -304,6 +304,7 @@ def test_an_anthropic_answer_counts_its_cache_reads_and_writes(
 OPERATIONS = {
     *("object_put", "object_get", "object_touch", "record_get", "record_put"),
     *("checkpoint_get", "checkpoint_put", "lock", "unlock", "secret", "epoch", "ping"),
+    "ledger_add",
 }
 
 
