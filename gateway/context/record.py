@@ -3,12 +3,14 @@
 The access log creates the request's ``RequestRecord`` before anything else runs and keeps
 it in the request's ASGI state (``scope["state"]``, Litestar's ``request.state``) under
 ``RECORD``; whoever learns something about the request writes it there, and the access log
-reads it all once the response is over, for the request's metrics and its log line:
+reads it all once the response is over, for the request's metrics, its log line and its
+ledger entry (``gateway.context.ledger``):
 
 =============  ==========================  =============================================
 field          written by                  what
 =============  ==========================  =============================================
 request_id     ``gateway.edge.access``     the request's id
+at             ``gateway.edge.access``     when it came
 caller         ``gateway.edge.admission``  who is calling (its tenant)
 model, stream  the route                   from the request's body (``read``)
 report         ``context.exchange``        the pipeline's report of what went up
