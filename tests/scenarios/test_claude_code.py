@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -107,6 +109,18 @@ class Session:
         )
         assert done.returncode == 0, (done.stdout[-2_000:], done.stderr[-2_000:])
         return done.stdout
+
+    def ledger(self, requests: int) -> list[dict[str, Any]]:
+        """The conversations the inspector lists for Claude Code's key, once they count
+        ``requests`` in all (entries are written after each answer, in the background)."""
+        url = f"{self.env['ANTHROPIC_BASE_URL']}/v1/context/conversations"
+        headers = {"x-api-key": self.env["ANTHROPIC_API_KEY"]}
+        deadline = time.monotonic() + 10
+        while True:
+            rows: list[dict[str, Any]] = httpx.get(url, headers=headers).json()["data"]
+            if sum(row["requests"] for row in rows) >= requests or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)
 
 
 @pytest.fixture
@@ -284,6 +298,12 @@ def test_a_claude_code_session_under_compaction(session: Session, model: str) ->
             assert breaks[index] is None, (index, breaks)
     clients = [orjson.loads(e.body) for e in sent]
     assert all(body.get("context_management") is not None for body in clients)
+    ledger = session.ledger(len(sent))
+    assert sum(row["requests"] for row in ledger) == len(sent)
+    assert sum(row["compactions"] for row in ledger) >= 1
+    assert all(row["api"] == "messages" for row in ledger)
+    if model == "default":  # no list price is settled for it: its cost is unknown
+        assert [row["priced"] for row in ledger] == [0] * len(ledger)
     continued = orjson.dumps(clients[len(resumed)]["messages"]).decode()
     assert PROMPTS[-1] in continued  # the session went on, with its history
     assert CONTINUED in continued
