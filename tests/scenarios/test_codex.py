@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,6 +258,29 @@ def restore(session: Session, ref: str) -> str:
     return got.text
 
 
+def ledger(session: Session, requests: int) -> list[dict[str, Any]]:
+    """The conversations the inspector lists for Codex's key, once they count
+    ``requests`` in all (entries are written after each answer, in the background)."""
+    url = f"{session.gateway.base_url}/context/conversations"
+    deadline = time.monotonic() + 10
+    while True:
+        got = httpx.get(url, headers={"authorization": f"Bearer {KEY}"})
+        rows: list[dict[str, Any]] = got.json()["data"]
+        if sum(row["requests"] for row in rows) >= requests or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def assert_in_the_ledger(session: Session, requests: int, api: str) -> None:
+    """The inspector lists every request of the session, under its API, with its
+    compactions."""
+    rows = ledger(session, requests)
+    assert sum(row["requests"] for row in rows) == requests
+    assert {row["api"] for row in rows} == {api}
+    assert sum(row["compactions"] for row in rows) >= 1
+    assert sum(row["upstream_tokens"] for row in rows) < sum(row["client_tokens"] for row in rows)
+
+
 def assert_nothing_lost(session: Session) -> int:
     """Every request that reached the model: each tool output it holds that the gateway
     offloaded restores (by the ref in its preview) to what the command printed, and every
@@ -348,6 +372,7 @@ def test_a_codex_session_under_compaction_over_http(session: Session) -> None:
     assert all("x-contextgate-policy" not in r.headers for r in received)
     assert sum(item.get("type") == "reasoning" for items in model.inputs for item in items)
     assert assert_nothing_lost(session) > 0
+    assert_in_the_ledger(session, len(sent), "responses")
 
 
 def token_counts(header: str) -> tuple[int, int]:
@@ -418,5 +443,6 @@ def test_a_codex_session_under_compaction_over_a_websocket(
     assert {line["status"] for line in lines} == {200}
     assert max(line["tokens_before"] for line in lines) > BUDGET
     assert all(line["tokens_after"] <= BUDGET for line in lines), lines
+    assert_in_the_ledger(session, len(model.requests), "responses-ws")
     assert sum(item.get("type") == "reasoning" for items in model.inputs for item in items)
     assert assert_nothing_lost(session) > 0
