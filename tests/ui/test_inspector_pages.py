@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Dialog, Page, expect
 
-from gateway.config import Settings, TenantSettings, UpstreamSettings
+from gateway.config import InspectorSettings, Settings, TenantSettings, UpstreamSettings
 from gateway.runtime import Gateway
 from gateway.tenancy.tenants import hash_key
 from tests.gateway.routes.test_inspector import entry, message, stage, summary
@@ -421,3 +421,25 @@ def test_another_tenant_sees_nothing_of_acme(
     expect(page.get_by_role("heading", name="Not found")).to_be_visible()
     page.get_by_role("button", name="Log out").click()
     expect(page.get_by_label("Your gateway key")).to_be_visible()
+
+
+def test_switched_off_the_page_is_not_there(page: Page) -> None:
+    """With ``inspector.ui`` off the browser gets 404s where the page was, and the root
+    leads nowhere; the JSON API stays."""
+    settings = Settings(
+        upstream=UpstreamSettings(base_url="http://127.0.0.1:9/v1", api_key="sk-upstream"),
+        tenants=(TenantSettings("acme", (hash_key(ACME_KEY),)),),
+        inspector=InspectorSettings(ui=False),
+        summaries=False,
+    )
+    with GatewayServer(settings) as off:
+        for path in ("/ui/", "/", "/ui/static/inspector.css"):
+            response = page.goto(f"{off.url}{path}")
+            assert response is not None
+            assert response.status == 404
+        expect(page.get_by_label("Your gateway key")).to_have_count(0)
+        listed = page.request.get(
+            f"{off.base_url}/context/conversations",
+            headers={"authorization": f"Bearer {ACME_KEY}"},
+        )
+        assert listed.status == 200
