@@ -140,7 +140,11 @@ class Gateway:
                 workers=settings.summary_workers,
                 queue_size=settings.summary_queue,
             ),
-            ledger=LedgerWriter(stores.ledger, catalog) if inspector.enabled else None,
+            ledger=(
+                LedgerWriter(stores.ledger, catalog, anonymous=inspector.anonymous)
+                if inspector.enabled
+                else None
+            ),
         )
 
     def warm(self) -> None:

@@ -18,6 +18,10 @@ class InspectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     routes answer 404 (the page too)."""
     ui: bool = True
     """Serve the page at ``/ui/``; off, ``/ui/`` is a 404 while the JSON API stays."""
+    anonymous: bool = False
+    """Keep and show the ledger of requests sent without a key (a gateway with its own
+    upstream key and no tenants): they all share one namespace, so anyone who can reach
+    the gateway could read them all. Off, such requests are not recorded."""
     requests_per_conversation: int = 200
     """Entries kept per conversation, the oldest dropped first."""
     detailed_requests: int = 5

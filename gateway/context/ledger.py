@@ -38,6 +38,7 @@ from gateway.context.compaction import ChatRequest
 from gateway.context.record import RequestRecord
 from gateway.context.restore.restorer import RestoreStats
 from gateway.store.ledger import Ledger, LedgerEntry, Totals
+from gateway.store.stores import ANONYMOUS, UNRESOLVED
 from pipelines import ModelCatalog, Report
 from pipelines.session import usage_of
 from pipelines.stage import REF_PATTERN
@@ -80,22 +81,30 @@ Fate = Literal["kept", "shortened", "offloaded", "pruned", "summarised", "added"
 class LedgerWriter:
     """Makes and writes each request's ledger entry in the background."""
 
-    __slots__ = ("_tasks", "catalog", "ledger")
+    __slots__ = ("_tasks", "anonymous", "catalog", "ledger")
 
-    def __init__(self, ledger: Ledger, catalog: ModelCatalog) -> None:
+    def __init__(self, ledger: Ledger, catalog: ModelCatalog, *, anonymous: bool) -> None:
         self.ledger, self.catalog = ledger, catalog
+        self.anonymous = anonymous
+        """Whether requests sent without a key are entered (``inspector.anonymous``)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def write(self, record: RequestRecord, method: str, route: str, status: int) -> None:
         """Write the entry of ``record``'s request (``method``: ``WS`` for a response on
         the Responses WebSocket), if it went upstream, after this returns."""
         chat = record.chat
-        if not isinstance(chat, ChatRequest):
+        if not isinstance(chat, ChatRequest) or not self.keeps(chat.namespace):
             return
         api = "responses-ws" if method == "WS" else _APIS.get(route, route)
         task = asyncio.get_running_loop().create_task(self._write(chat, record, api, status))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def keeps(self, namespace: str) -> bool:
+        """Whether ``namespace``'s requests are entered: never the one a request gets while
+        the store's secret cannot be read (shared by every caller then), nor, unless
+        asked, the one requests without a key share."""
+        return namespace != UNRESOLVED and (self.anonymous or namespace != ANONYMOUS)
 
     async def _write(self, chat: ChatRequest, record: RequestRecord, api: str, status: int) -> None:
         try:

@@ -9,6 +9,8 @@
 
 The caller is placed in a namespace exactly as on the chat routes (its key): no caller
 ever sees another namespace's conversations, and an id of another namespace is a 404.
+Callers without a key share one namespace, which is kept and shown only with
+``inspector.anonymous`` (else a 404); while the store's secret cannot be read, 503.
 Lists take ``limit`` (1-100, default 20) and ``offset`` (from 0) and say ``total`` and
 ``has_more``. With the inspector off (``inspector.enabled``), every route is a 404. The
 shapes are in ``docs/API.md``.
@@ -26,6 +28,7 @@ from gateway.errors import InvalidRequest, NotFound, StoreUnavailable
 from gateway.routes.calls import caller_of, record_of, runtime_of
 from gateway.runtime import Gateway
 from gateway.store.ledger import Ledger, LedgerPage
+from gateway.store.stores import ANONYMOUS, UNRESOLVED
 from pipelines import StoreError
 
 __all__ = ["conversation", "conversation_request", "conversations"]
@@ -87,7 +90,16 @@ def ledger_of(gateway: Gateway) -> Ledger:
 
 
 def _ledger(request: Request[Any, Any, Any]) -> tuple[Ledger, str]:
-    return ledger_of(runtime_of(request)), caller_of(request).namespace
+    gateway, namespace = runtime_of(request), caller_of(request).namespace
+    ledger = ledger_of(gateway)
+    if namespace == UNRESOLVED:
+        raise StoreUnavailable("The store's secret cannot be read, so neither can the ledger.")
+    if namespace == ANONYMOUS and not gateway.settings.inspector.anonymous:
+        raise NotFound(
+            "Requests sent without a key are not kept in the ledger on this gateway"
+            " (inspector.anonymous): send the key your client sends."
+        )
+    return ledger, namespace
 
 
 def _page(request: Request[Any, Any, Any]) -> tuple[int, int]:

@@ -21,6 +21,7 @@ under ``/ui`` come to too (``is_inspector``). With ``inspector.ui`` or
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Final
 
@@ -53,6 +54,8 @@ __all__ = [
     "inspector_templates",
     "is_inspector",
 ]
+
+log = logging.getLogger("contextgate")
 
 _UI: Final = Path(__file__).resolve().parents[2] / "ui"
 TEMPLATES: Final = _UI / "templates"
@@ -87,9 +90,13 @@ def error_page(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]
     if isinstance(exc, StoreError):
         status = 503
         detail = "The gateway's store cannot be read just now. Try again in a moment."
+    elif not isinstance(exc, HTTPException):
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        status, detail = 500, "Something went wrong."
     else:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else "Something went wrong."
+        status, detail = exc.status_code, exc.detail
+    if status >= 500 and not isinstance(exc, StoreError) and isinstance(exc, HTTPException):
+        log.error("error on %s", request.url.path, exc_info=exc)
     if request.headers.get(FRAGMENT) == "live":
         return Response(b"", status_code=status, media_type="text/plain", headers=SECURITY_HEADERS)
     signed_in = bool(request.cookies.get(COOKIE))
@@ -121,7 +128,7 @@ def inspector_routes(settings: InspectorSettings) -> list[Router]:
         ],
         opt={"public": True},
         include_in_schema=False,
-        exception_handlers={HTTPException: error_page, StoreError: error_page},
+        exception_handlers={Exception: error_page},
         after_request=_secured,
     )
     static = create_static_files_router(
@@ -130,7 +137,7 @@ def inspector_routes(settings: InspectorSettings) -> list[Router]:
         opt={"public": True},
         name="inspector-static",
         after_request=_secured,
-        exception_handlers={HTTPException: error_page},
+        exception_handlers={Exception: error_page},
     )
     return [pages, static]
 

@@ -30,7 +30,7 @@ from gateway.routes.inspector import views
 from gateway.routes.inspector.chart import LEVELS, chart_of
 from gateway.routes.inspector.session import COOKIE, LIFETIME, opened, sealed
 from gateway.store import REF_PATTERN
-from gateway.store.stores import UNRESOLVED
+from gateway.store.stores import ANONYMOUS, UNRESOLVED
 from gateway.tenancy.auth import Unauthorized, identify
 from pipelines import StoreError
 
@@ -54,6 +54,9 @@ OBJECT_SHOWN: Final = 1_048_576
 """Bytes of an object the page shows at most."""
 _IMAGE_TYPES: Final = ("data:image/png;", "data:image/jpeg;", "data:image/gif;", "data:image/webp;")
 _PREFIX: Final = "/ui/conversations/"
+_FORM_BYTES: Final = 4_096
+"""The largest form a session route reads: a key, and the page to return to (these
+routes are public, so nothing larger is buffered for an anonymous client)."""
 _INSPECTOR_URL: Final = re.compile(r"/ui/[A-Za-z0-9._~%/:@+=!$&'()*,;?-]*")
 
 
@@ -66,7 +69,7 @@ async def _namespace(request: AnyRequest) -> str | None:
         return None
     gateway = runtime_of(request)
     namespace = opened(value, await gateway.stores.secret(), time.time())
-    if namespace is None:
+    if namespace is None or (namespace == ANONYMOUS and not gateway.settings.inspector.anonymous):
         return None
     tenant = namespace.removeprefix("tenant:") if namespace.startswith("tenant:") else None
     if gateway.tenants:
@@ -172,7 +175,7 @@ async def conversations_page(request: AnyRequest, page: Page = 1) -> Template | 
     return _page(request, "conversations.html", context)
 
 
-@post("/ui/session", status_code=303)
+@post("/ui/session", status_code=303, request_max_body_size=_FORM_BYTES)
 async def open_session(request: AnyRequest) -> Template | Response[bytes] | Redirect:
     """The key given in the form, identified as the API would; its namespace in a signed
     cookie, never the key."""
@@ -193,11 +196,17 @@ async def open_session(request: AnyRequest) -> Template | Response[bytes] | Redi
         return _form(request, status=401, message=message, then=then)
     if caller.namespace == UNRESOLVED:
         raise StoreError("the store's secret cannot be read")
+    if caller.namespace == ANONYMOUS and not gateway.settings.inspector.anonymous:
+        message = (
+            "Give the key your client sends. Requests sent without a key share one"
+            " namespace, which this gateway does not show (inspector.anonymous)."
+        )
+        return _form(request, status=401, message=message, then=then)
     value = sealed(caller.namespace, await gateway.stores.secret(), time.time())
     return Redirect(then, status_code=303, cookies=[_cookie(request, value, LIFETIME)])
 
 
-@post("/ui/logout", status_code=303)
+@post("/ui/logout", status_code=303, request_max_body_size=_FORM_BYTES)
 async def close_session(request: AnyRequest) -> Redirect:
     """The session's cookie cleared."""
     _refuse_cross_site(request)
@@ -306,7 +315,7 @@ async def object_page(request: AnyRequest) -> Template | Response[bytes]:
         "viewer": who(namespace),
         "ref": ref,
         "size": len(content),
-        "lines": len(content.splitlines()),
+        "lines": content.count(b"\n") + (bool(content) and not content.endswith(b"\n")),
         "shown": min(len(content), OBJECT_SHOWN),
         "image": image,
         "text": text,

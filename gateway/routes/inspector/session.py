@@ -13,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from typing import Final
 
 __all__ = ["COOKIE", "LIFETIME", "opened", "sealed"]
@@ -21,6 +22,7 @@ COOKIE: Final = "contextgate_inspector"
 LIFETIME: Final = 12 * 3600
 """Seconds a session lasts after the key was given."""
 _VERSION: Final = "v1"
+_EXPIRY: Final = re.compile(r"[0-9]{1,12}")
 _PURPOSE: Final = b"contextgate inspector session\0"
 """Keeps these MACs apart from anything else signed under the same secret."""
 
@@ -36,10 +38,11 @@ def opened(value: str | None, secret: bytes, now: float) -> str | None:
     """The namespace ``value`` was sealed for, or ``None`` when it is not a valid,
     unexpired session of this gateway."""
     parts = (value or "").split(".")
-    if len(parts) != 4 or parts[0] != _VERSION or not parts[1].isdecimal():
+    if len(parts) != 4 or parts[0] != _VERSION or not _EXPIRY.fullmatch(parts[1]):
         return None
     expires, name, mac = int(parts[1]), parts[2], parts[3]
-    if not hmac.compare_digest(_encode(_mac(secret, expires, name)), mac) or expires <= now:
+    expected = _encode(_mac(secret, expires, name)).encode()
+    if not hmac.compare_digest(expected, mac.encode("utf-8", "replace")) or expires <= now:
         return None
     try:
         return base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode()

@@ -188,8 +188,12 @@ def tenanted(store: StoreSettings | None = None, **inspector: Any) -> Settings:
     )
 
 
-def passthrough() -> Settings:
-    return Settings(upstream=UpstreamSettings(base_url=UPSTREAM), summaries=False)
+def passthrough(**inspector: Any) -> Settings:
+    return Settings(
+        upstream=UpstreamSettings(base_url=UPSTREAM),
+        inspector=InspectorSettings(**inspector),
+        summaries=False,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -320,8 +324,8 @@ async def test_a_bad_key_is_the_form_again_with_a_401(
 
 async def test_without_tenants_a_key_names_its_own_namespace_and_none_the_anonymous() -> None:
     """Without tenants, any upstream key opens its keyed-hash namespace (as the API places
-    it) and an empty key the anonymous one."""
-    async with serving(passthrough()) as c:
+    it) and an empty key the anonymous one, where the gateway shows it."""
+    async with serving(passthrough(anonymous=True)) as c:
         gateway = gateway_of(c)
         secret = await gateway.stores.secret()
         for key, namespace in [
@@ -333,6 +337,51 @@ async def test_without_tenants_a_key_names_its_own_namespace_and_none_the_anonym
             value = response.cookies[COOKIE]
             assert opened(value, secret, time.time()) == namespace
             assert namespace.startswith("key:") or namespace == "anonymous"
+
+
+async def test_requests_without_a_key_are_not_shown_unless_asked() -> None:
+    """Keyless callers share one namespace: by default neither the form nor the API opens
+    it, and its requests are not recorded."""
+    async with serving(passthrough()) as c:
+        refused = await c.post("/ui/session", data={"key": ""})
+        assert refused.status_code == 401
+        assert COOKIE not in refused.cookies
+        assert "inspector.anonymous" in refused.text
+        listed = await c.get("/v1/context/conversations")
+        assert listed.status_code == 404
+        assert "inspector.anonymous" in listed.json()["error"]["message"]
+        gateway = gateway_of(c)
+        assert gateway.ledger is not None
+        assert not gateway.ledger.keeps("anonymous")
+        assert not gateway.ledger.keeps("unresolved")
+        assert gateway.ledger.keeps(await gateway.stores.namespace_of("sk-alice"))
+        value = sealed("anonymous", await gateway.stores.secret(), time.time())
+        c.cookies.set(COOKIE, value)
+        assert "The API key your client sends" in (await c.get("/ui/")).text
+
+
+async def test_a_large_form_is_refused_before_it_is_read(client: AsyncTestClient[Any]) -> None:
+    """The session route is open to anyone: a form of more than 4 KiB is a 413 page, with
+    the page's headers, before the gateway parses it."""
+    response = await client.post(
+        "/ui/session",
+        content=b"a=&" * 100_000,
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert response.status_code == 413
+    headers_are_strict(response)
+
+
+async def test_a_malformed_cookie_is_the_form_never_an_error(
+    client: AsyncTestClient[Any],
+) -> None:
+    """A cookie with a MAC that is not ASCII, or an expiry of thousands of digits, opens no
+    session and breaks nothing."""
+    for value in (b"v1.9999999999.YWNtZQ.\xe9t\xe9", b"v1." + b"9" * 5_000 + b".YWNtZQ.x"):
+        response = await client.get("/ui/", headers={"cookie": COOKIE.encode() + b"=" + value})
+        assert response.status_code == 200
+        assert "Your gateway key" in response.text
+        headers_are_strict(response)
 
 
 async def test_a_forged_altered_or_expired_cookie_is_the_form(
