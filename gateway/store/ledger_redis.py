@@ -53,6 +53,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.breaker import CircuitBreaker
 from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack_detail, unpack_detail
 from gateway.store.redis import RedisBackend, namespace_id
 from pipelines import StoreError
@@ -156,6 +157,7 @@ class RedisLedger:
         "_conversations",
         "_request",
         "backend",
+        "breaker",
         "max_conversations",
         "max_details",
         "max_requests",
@@ -172,6 +174,10 @@ class RedisLedger:
         ttl: int,
     ) -> None:
         self.backend = backend
+        settings = backend.settings
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_cooldown)
+        """The ledger's own: its failures (after the answers) never stop the requests'
+        store operations."""
         self.max_requests, self.max_details = max_requests, max_details
         self.max_conversations, self.ttl = max_conversations, ttl
         # Sent by their hash (EVALSHA), the text only when Redis does not know them yet.
@@ -199,7 +205,9 @@ class RedisLedger:
         ]
         script = self._add
         try:
-            await self.backend.run(lambda: script(keys=keys, args=args), "ledger_add")
+            await self.backend.run(
+                lambda: script(keys=keys, args=args), "ledger_add", breaker=self.breaker
+            )
         except StoreError:
             return
 
@@ -208,7 +216,7 @@ class RedisLedger:
         args: list[str | int] = [prefix, repr(time.time() - self.ttl), max(0, offset), limit]
         script = self._conversations
         total, names, rows = await self.backend.run(
-            lambda: script(keys=[prefix + "idx"], args=args), "ledger_read"
+            lambda: script(keys=[prefix + "idx"], args=args), "ledger_read", breaker=self.breaker
         )
         items = [
             {"id": name.decode(), **_row(_pairs(fields))}
@@ -222,6 +230,7 @@ class RedisLedger:
         fields: dict[bytes, bytes] = await self.backend.run(
             lambda: client.hgetall(key),  # type: ignore[arg-type, return-value]
             "ledger_read",
+            breaker=self.breaker,
         )
         return {"id": conversation, **_row(fields.items())} if fields else None
 
@@ -238,7 +247,7 @@ class RedisLedger:
                 pipe.llen(key)
                 return await pipe.execute()
 
-        items, total = await self.backend.run(read, "ledger_read")
+        items, total = await self.backend.run(read, "ledger_read", breaker=self.breaker)
         if limit <= 0:
             items = []
         return LedgerPage([_summary(item) for item in items], int(total))
@@ -248,7 +257,9 @@ class RedisLedger:
     ) -> dict[str, Any] | None:
         base = _prefix(namespace) + conversation
         keys, script = [base + ":log", base + ":detail"], self._request
-        found = await self.backend.run(lambda: script(keys=keys, args=[request_id]), "ledger_read")
+        found = await self.backend.run(
+            lambda: script(keys=keys, args=[request_id]), "ledger_read", breaker=self.breaker
+        )
         if not found:
             return None
         item, detail = found

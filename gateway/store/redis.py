@@ -174,10 +174,20 @@ class RedisBackend:
 
         self.confirm_epoch(await self.run(create, "epoch"))
 
-    async def run(self, operation: Callable[[], Awaitable[T]], what: str) -> T:
+    async def run(
+        self,
+        operation: Callable[[], Awaitable[T]],
+        what: str,
+        *,
+        breaker: CircuitBreaker | None = None,
+    ) -> T:
         """``operation`` (named ``what`` in the failure counts) within the deadline and the
-        breaker; ``StoreError`` otherwise."""
-        if not self.breaker.allow():
+        breaker; ``StoreError`` otherwise. A part with a ``breaker`` of its own (the
+        ledger, written after the answers) neither trips the requests' breaker nor makes
+        the process forget what it knows is stored when it fails."""
+        own = breaker is not None
+        breaker = breaker or self.breaker
+        if not breaker.allow():
             self._failed(what)
             raise StoreError("the store is unavailable (circuit open)")
         try:
@@ -186,14 +196,15 @@ class RedisBackend:
         # RedisClusterException (no node reachable, a slot not covered) is not a RedisError.
         except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
             slow = isinstance(exc, TimeoutError | RedisTimeoutError)
-            self.breaker.failure(slow=slow)
+            breaker.failure(slow=slow)
             self._failed(what)
-            self.forget()
+            if not own:
+                self.forget()
             raise StoreError(f"the store did not answer: {type(exc).__name__}") from exc
         except asyncio.CancelledError:
-            self.breaker.release()
+            breaker.release()
             raise
-        self.breaker.success()
+        breaker.success()
         return result
 
     def forget(self) -> None:

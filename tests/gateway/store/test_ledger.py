@@ -337,6 +337,24 @@ async def test_a_redis_that_is_down_drops_writes_and_fails_reads() -> None:
     await backend.aclose()
 
 
+async def test_the_ledgers_failures_never_stop_the_requests_store() -> None:
+    """The ledger has a breaker of its own: failing ledger writes leave the requests'
+    breaker closed and what the process knows is stored trusted."""
+    with redis_server() as own:
+        backend = RedisBackend(own.url, StoreSettings(timeout=0.2))
+        ledger = RedisLedger(backend, max_requests=10, max_details=2, max_conversations=10, ttl=60)
+        await ledger.add("ns", "conv", entry(0))
+        backend.remember("cg:o:ns:ctx_known", 3_600)
+        own.kill()
+        for n in range(1, 4):
+            await ledger.add("ns", "conv", entry(n))
+        assert backend.failed["ledger_add"] == 3
+        assert not ledger.breaker.allow()
+        assert backend.breaker.allow()
+        assert "cg:o:ns:ctx_known" in backend.known
+        await backend.aclose()
+
+
 async def test_a_conversation_takes_bounded_redis_memory(server: RedisServer) -> None:
     """Once a conversation is at ``max_requests``, more requests take no more Redis
     memory: it holds the latest entries and details, about their bytes."""
