@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
@@ -62,6 +63,15 @@ MAX_ROWS: Final = 400
 _NOTE_CHARS: Final = 160
 _ADDED: Final = ("[Recalled context", "[Context note")
 """How the messages the gateway adds begin (a summary, compress's notes)."""
+_PLACEHOLDER: Final = re.compile(
+    r"\[(?:Shortened|Tool call arguments shortened|Identical to the output|Tool output"
+    r" offloaded|Tool result of|Trimmed to save space|Archived output of|An earlier |Result"
+    r" of an earlier tool call|No result was recorded|contextgate compaction|Restored media)"
+)
+"""How the placeholders the stages leave begin (pipelines/: filter, media, ttl_prune,
+compress, native_edits, normalize)."""
+MAX_REFS: Final = 100
+"""Refs an entry lists at most (``refs_named`` counts them all)."""
 _APIS: Final = {
     "/v1/chat/completions": "chat",
     "/v1/messages": "messages",
@@ -138,10 +148,9 @@ def entry_of(
     with_gateway, without = _cost(catalog, report, received, prompt, cached, written, completion)
     restores = record.restores if isinstance(record.restores, RestoreStats) else None
     cache = _cache(report, record.cache_break, prompt, cached, written)
-    refs = _refs(report)
-    detail = detail_of(chat) if detailed else None
-    if detail is not None:
-        _name_replaced(refs, detail)
+    rows = _rows(chat)
+    refs = _refs(report, rows)
+    detail = _detail(rows) if detailed else None
     compaction = _is_compaction(chat)
     summary: dict[str, Any] = {
         "id": record.request_id,
@@ -161,7 +170,8 @@ def entry_of(
         },
         "thresholds": _thresholds(chat),
         "stages": [_stage(stage) for stage in report.stages],
-        "refs": refs,
+        "refs": refs[:MAX_REFS],
+        "refs_named": len(refs),
         "compaction": compaction,
         "summary": _checkpoint(chat),
         "native": report.native,
@@ -185,9 +195,9 @@ def entry_of(
             "compactions": int(compaction),
             "cache_breaks": int(cache["verdict"] == "break"),
             "restores": restores.calls if restores is not None else 0,
-            "refs": len(refs),
         },
         latest={
+            "refs": len(refs),
             "model": report.model,
             "api": api,
             "tenant": chat.caller.tenant or "",
@@ -242,16 +252,41 @@ def _note(details: Mapping[str, Any]) -> str | None:
     return ", ".join(parts)[:_NOTE_CHARS] or None
 
 
-def _refs(report: Report) -> list[dict[str, Any]]:
+def _refs(report: Report, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The refs named in what went up that the client did not send, in the order they
+    appear: the stage that wrote each on this request and the original's size when it did
+    (else ``None``: written by an earlier pass or request), and the client's message it
+    stands for where one row shows it."""
+    written = {ref: (stage.name, size) for stage in report.stages for ref, size in stage.written}
     found: dict[str, dict[str, Any]] = {}
-    for stage in report.stages:
-        for ref, size in stage.written:
-            kind = _KINDS.get(stage.name, "content")
-            found.setdefault(
-                ref,
-                {"ref": ref, "stage": stage.name, "kind": kind, "bytes": size, "replaced": None},
-            )
+    for row in rows:
+        client = row["client"]
+        for ref in row["refs"]:
+            if ref in found:
+                continue
+            stage, size = written.get(ref, (None, None))
+            kind = _KINDS.get(stage or "") or _kind_of(row)
+            replaced = None
+            if client is not None:
+                replaced = f"{row['role']} message, {client['chars']:,} characters"
+            found[ref] = {
+                "ref": ref,
+                "stage": stage,
+                "kind": kind,
+                "bytes": size,
+                "replaced": replaced,
+            }
     return list(found.values())
+
+
+def _kind_of(row: Mapping[str, Any]) -> str:
+    """What a ref holds, judged from the row that names it."""
+    client = row["client"]
+    if client is None:
+        return "messages"
+    if row["role"] == "tool":
+        return "tool output"
+    return "image" if "[image]" in client["text"] else "content"
 
 
 def _cache(
@@ -347,20 +382,35 @@ def _title(messages: Any) -> str:
 
 def detail_of(chat: ChatRequest) -> dict[str, Any]:
     """What the client sent beside what went up, message by message."""
+    return _detail(_rows(chat))
+
+
+def _rows(chat: ChatRequest) -> list[dict[str, Any]]:
+    """A row per message: the client's matched with what went up by identity (a stage
+    keeps what it does not change), the runs between paired by ``_changed``."""
     sent = _messages(chat.body)
     went = _messages(chat.result.request)
-    summarised = _checkpoint(chat) is not None
+    checkpoint = _checkpoint(chat) or {}
+    start, end = checkpoint.get("start"), checkpoint.get("end")
+    span = (start, end) if isinstance(start, int) and isinstance(end, int) else None
     kept = {id(message): index for index, message in enumerate(went)}
+    sent_refs = {ref for message in sent for ref in REF_PATTERN.findall(_text(message))}
     rows: list[dict[str, Any]] = []
     i = j = 0
     for index, message in enumerate(sent):
         found = kept.get(id(message))
         if found is None or found < j:
             continue
-        rows.extend(_changed(sent[i:index], went[j:found], summarised))
-        rows.append(_row("kept", message, None))
+        rows.extend(_changed(sent, i, index, went[j:found], span, sent_refs))
+        rows.append(_row("kept", message, None, sent_refs))
         i, j = index + 1, found + 1
-    rows.extend(_changed(sent[i:], went[j:], summarised))
+    rows.extend(_changed(sent, i, len(sent), went[j:], span, sent_refs))
+    return rows
+
+
+def _detail(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The detail of ``rows``: long runs collapsed, at most ``MAX_ROWS``, the previews
+    within ``DETAIL_TEXT_CHARS``."""
     rows = _collapsed(rows)
     truncated = len(rows) > MAX_ROWS
     if truncated:
@@ -368,9 +418,17 @@ def detail_of(chat: ChatRequest) -> dict[str, Any]:
     sides = [side for row in rows for side in (row.get("client"), row.get("upstream")) if side]
     shown = max(MIN_TEXT_CHARS, min(TEXT_CHARS, DETAIL_TEXT_CHARS // max(1, len(sides))))
     if shown < TEXT_CHARS:
-        for side in sides:
-            side["text"] = side["text"][:shown]
+        rows = [_shortened_row(row, shown) for row in rows]
     return {"messages": rows, "truncated": truncated}
+
+
+def _shortened_row(row: dict[str, Any], shown: int) -> dict[str, Any]:
+    sides = {
+        name: {**side, "text": side["text"][:shown]}
+        for name in ("client", "upstream")
+        if (side := row.get(name))
+    }
+    return {**row, **sides}
 
 
 def _collapsed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -400,60 +458,99 @@ def _messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _changed(
-    sent: Sequence[dict[str, Any]], went: Sequence[dict[str, Any]], summarised: bool
+    sent: Sequence[dict[str, Any]],
+    start: int,
+    stop: int,
+    went: Sequence[dict[str, Any]],
+    span: tuple[int, int] | None,
+    sent_refs: set[str],
 ) -> Iterable[dict[str, Any]]:
-    """Rows for a run of the client's messages replaced by a run of what went up: each of
-    the client's paired, in order, with the next that stands for it; the rest removed or
-    added."""
+    """Rows for the client's messages ``start`` to ``stop``, replaced by the run ``went``
+    of what went up: each of the client's paired, in order, with the next that stands for
+    it; the rest of the client's removed (summarised where the summary that went up
+    stands for them, else pruned), the rest of ``went`` added."""
     j = 0
-    for message in sent:
+    for index in range(start, stop):
+        message = sent[index]
         found = next((k for k in range(j, len(went)) if _stands_for(went[k], message)), None)
         if found is None:
-            yield _row("summarised" if summarised else "pruned", message, None)
+            inside = span is not None and span[0] <= index < span[1]
+            yield _row("summarised" if inside else "pruned", message, None, sent_refs)
             continue
-        yield from (_row("added", None, added) for added in went[j:found])
-        yield _row(_fate(message, went[found]), message, went[found])
+        yield from (_row("added", None, added, sent_refs) for added in went[j:found])
+        yield _row(_fate(message, went[found], sent_refs), message, went[found], sent_refs)
         j = found + 1
-    yield from (_row("added", None, added) for added in went[j:])
+    yield from (_row("added", None, added, sent_refs) for added in went[j:])
 
 
 def _stands_for(went: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
     """Whether ``went`` is ``sent`` as a stage rewrote it: the same role, and the same tool
-    call, or text that begins alike or names a ref (a placeholder); never a message the
-    gateway added (a summary, notes)."""
+    call (a tool's result; an assistant's calls), or a beginning that one's text and the
+    other's share up to where a placeholder of the gateway's begins; never a message the
+    gateway added (a summary, notes). A message a placeholder replaced whole is taken for
+    the next of its role."""
     if went.get("role") != sent.get("role"):
         return False
     if went.get("role") == "tool":
         return went.get("tool_call_id") == sent.get("tool_call_id")
+    calls, sent_calls = _call_ids(went), _call_ids(sent)
+    if calls and sent_calls:
+        return bool(calls & sent_calls)
     after = _text(went)
     if after.startswith(_ADDED):
         return False
+    lead = _lead(after)
+    if not lead:
+        return True
     before = _text(sent)
-    shared = min(20, len(before), len(after))
-    return after[:shared] == before[:shared] or REF_PATTERN.search(after) is not None
+    shared = min(len(lead), len(before))
+    return shared > 0 and lead[:shared] == before[:shared]
 
 
-def _fate(sent: dict[str, Any], went: dict[str, Any]) -> Fate:
+def _call_ids(message: Mapping[str, Any]) -> set[str]:
+    calls = message.get("tool_calls")
+    return {
+        call["id"]
+        for call in (calls if isinstance(calls, list) else ())
+        if isinstance(call, dict) and isinstance(call.get("id"), str)
+    }
+
+
+def _lead(text: str) -> str:
+    """``text`` up to where the first of the gateway's placeholders begins (all of it
+    without one)."""
+    found = _PLACEHOLDER.search(text)
+    return text[: found.start()] if found is not None else text
+
+
+def _fate(sent: dict[str, Any], went: dict[str, Any], sent_refs: set[str]) -> Fate:
     before, after = _text(sent), _text(went)
     if before == after:
         return "kept"
-    if REF_PATTERN.search(after) and (len(after) <= 600 or len(after) * 4 <= len(before)):
+    if any(ref not in sent_refs for ref in REF_PATTERN.findall(after)):
         return "offloaded"
     return "shortened"
 
 
-def _row(fate: Fate, sent: dict[str, Any] | None, went: dict[str, Any] | None) -> dict[str, Any]:
+def _row(
+    fate: Fate,
+    sent: dict[str, Any] | None,
+    went: dict[str, Any] | None,
+    sent_refs: set[str],
+) -> dict[str, Any]:
     """One row: the client's side and what went up (``None`` where there is none; for a
-    message kept as it was, only the client's side)."""
+    message kept as it was, only the client's side), and the refs what went up names
+    that the client did not send."""
     shown = went if went is not None else sent
     assert shown is not None
-    text = _text(went) if went is not None else ""
+    text = _text(went) if went is not None and fate != "kept" else ""
+    named = dict.fromkeys(ref for ref in REF_PATTERN.findall(text) if ref not in sent_refs)
     return {
         "fate": fate,
         "role": str(shown.get("role", "")),
         "client": _side(_text(sent)) if sent is not None else None,
         "upstream": _side(text) if went is not None and fate != "kept" else None,
-        "refs": sorted(set(REF_PATTERN.findall(text))) if fate != "kept" else [],
+        "refs": list(named),
     }
 
 
@@ -464,6 +561,8 @@ def _side(text: str) -> dict[str, Any]:
 def _text(message: Mapping[str, Any]) -> str:
     """A message as a person reads it: its text, its parts named, its tool calls."""
     parts: list[str] = []
+    if message.get("thinking_blocks") or message.get("reasoning_content"):
+        parts.append("[thinking]")
     content = message.get("content")
     if isinstance(content, str):
         parts.append(content)
@@ -472,7 +571,7 @@ def _text(message: Mapping[str, Any]) -> str:
             if not isinstance(part, dict):
                 continue
             kind = part.get("type")
-            if kind == "text" and isinstance(part.get("text"), str):
+            if isinstance(part.get("text"), str):
                 parts.append(part["text"])
             elif kind in ("image_url", "image", "input_image"):
                 parts.append("[image]")
@@ -486,17 +585,3 @@ def _text(message: Mapping[str, Any]) -> str:
                 f"→ {function.get('name')}({arguments if isinstance(arguments, str) else ''})"
             )
     return "\n".join(parts)
-
-
-def _name_replaced(refs: list[dict[str, Any]], detail: Mapping[str, Any]) -> None:
-    """Name what each ref replaced where the detail shows it: the client's message in the
-    row whose upstream side names the ref."""
-    by_ref = {ref["ref"]: ref for ref in refs}
-    for row in detail["messages"]:
-        client = row.get("client")
-        if client is None:
-            continue
-        for ref in row["refs"]:
-            found = by_ref.get(ref)
-            if found is not None and found["replaced"] is None:
-                found["replaced"] = f"{row['role']} message, {client['chars']:,} characters"

@@ -107,14 +107,13 @@ def entry(
 ) -> LedgerEntry:
     """The ``n``-th request's entry (request id ``cg-<n>``), at ``n`` milliseconds from
     now unless ``at`` is given (so later entries are later); ``padding`` bytes more in its
-    summary and in its detail (which the ledgers keep compressed, to about three quarters
-    of that)."""
+    summary and in its detail, random text, which the ledgers keep compressed to about
+    three quarters of that."""
     request_id = f"cg-{n:04d}"
     when = time.time() + n / 1_000 if at is None else at
     summary = {"id": request_id, "at": when, "api": "chat", "tokens": {"client": 1_000 + n}}
     if padding:
-        summary["note"] = "s" * padding
-    # The ledgers compress a detail: its padding is random text, which does not shrink much.
+        summary["note"] = base64.b64encode(random.Random(-n).randbytes(padding * 3 // 4)).decode()
     noise = base64.b64encode(random.Random(n).randbytes(padding * 3 // 4)).decode()
     body = {"messages": [{"fate": "kept", "role": "user", "text": f"request {n}" + noise}]}
     return LedgerEntry(
@@ -396,7 +395,7 @@ async def test_the_memory_ledger_stays_within_its_bytes() -> None:
     for n, (namespace, conversation) in enumerate(names):
         clock[0] += 1
         big = n != 3  # the second request of c0 is small: it makes c0 active again
-        await ledger.add(namespace, conversation, entry(n, padding=150_000 if big else 0))
+        await ledger.add(namespace, conversation, entry(n, padding=200_000 if big else 0))
         assert ledger.size <= ledger.max_bytes
     held = {
         namespace: ids((await ledger.conversations(namespace, offset=0, limit=10)).items)
@@ -410,8 +409,8 @@ async def test_the_conversation_just_written_stays_whatever_the_clock() -> None:
     only one fits, whichever namespace sorts first."""
     clock = [5.0]
     ledger = memory_ledger(1_048_576, clock)
-    await ledger.add("b", "older", entry(0, padding=300_000))
-    await ledger.add("a", "newer", entry(1, padding=300_000))
+    await ledger.add("b", "older", entry(0, padding=400_000))
+    await ledger.add("a", "newer", entry(1, padding=400_000))
     assert await ledger.conversation("a", "newer") is not None
     assert await ledger.conversation("b", "older") is None
     assert ledger.size <= ledger.max_bytes
