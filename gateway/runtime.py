@@ -141,7 +141,12 @@ class Gateway:
                 queue_size=settings.summary_queue,
             ),
             ledger=(
-                LedgerWriter(stores.ledger, catalog, anonymous=inspector.anonymous)
+                LedgerWriter(
+                    stores.ledger,
+                    catalog,
+                    anonymous=inspector.anonymous,
+                    detailed=inspector.detailed_requests > 0,
+                )
                 if inspector.enabled
                 else None
             ),

@@ -203,27 +203,33 @@ def _specificity(pattern: str) -> tuple[int, int]:
 class ModelCatalog:
     """Looks up ``ModelInfo`` by model name; later entries override earlier equal patterns."""
 
-    __slots__ = ("_entries", "_lookups", "_prices")
+    __slots__ = ("_configured_prices", "_entries", "_lookups", "_prices")
 
     def __init__(
         self,
         entries: Iterable[ModelInfo] = BUILTIN_MODELS,
         prices: Iterable[ModelPrice] = BUILTIN_PRICES,
+        configured_prices: Iterable[ModelPrice] = (),
     ) -> None:
         self._entries = _matching(entries)
         self._prices = _matching(prices)
+        self._configured_prices = _matching(configured_prices)
         self._lookups: dict[str, ModelInfo] = {}
 
     def extended(
         self, entries: Iterable[ModelInfo], prices: Iterable[ModelPrice] = ()
     ) -> ModelCatalog:
-        """A catalog with ``entries`` and ``prices`` added, replacing built-ins with the
-        same pattern."""
-        return ModelCatalog((*self._entries, *entries), (*self._prices, *prices))
+        """A catalog with ``entries`` added, replacing built-ins with the same pattern, and
+        ``prices`` configured: a configured price wins over every built-in one that
+        matches the model, however specific (an operator's ``gpt-4o*`` is what its
+        ``gpt-4o`` costs)."""
+        return ModelCatalog(
+            (*self._entries, *entries), self._prices, (*self._configured_prices, *prices)
+        )
 
     def price(self, model: str) -> ModelPrice | None:
         """What ``model``'s tokens cost, or ``None`` when the catalog has no price for it."""
-        return _match(self._prices, model)
+        return _match(self._configured_prices, model) or _match(self._prices, model)
 
     def knows(self, model: str) -> bool:
         """Whether an entry matches ``model`` (else it gets the unknown-model defaults)."""

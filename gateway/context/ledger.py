@@ -91,10 +91,14 @@ Fate = Literal["kept", "shortened", "offloaded", "pruned", "summarised", "added"
 class LedgerWriter:
     """Makes and writes each request's ledger entry in the background."""
 
-    __slots__ = ("_tasks", "anonymous", "catalog", "ledger")
+    __slots__ = ("_tasks", "anonymous", "catalog", "detailed", "ledger")
 
-    def __init__(self, ledger: Ledger, catalog: ModelCatalog, *, anonymous: bool) -> None:
+    def __init__(
+        self, ledger: Ledger, catalog: ModelCatalog, *, anonymous: bool, detailed: bool = True
+    ) -> None:
         self.ledger, self.catalog = ledger, catalog
+        self.detailed = detailed
+        """Whether entries carry their detail (``inspector.detailed_requests`` above 0)."""
         self.anonymous = anonymous
         """Whether requests sent without a key are entered (``inspector.anonymous``)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -118,11 +122,13 @@ class LedgerWriter:
 
     async def _write(self, chat: ChatRequest, record: RequestRecord, api: str, status: int) -> None:
         try:
-            entry = entry_of(chat, record, api, status, self.catalog)
+            entry = entry_of(chat, record, api, status, self.catalog, detailed=self.detailed)
         except Exception:  # a ledger entry must never cost more than itself
             log.exception("making a ledger entry failed", extra={"request_id": record.request_id})
             return
-        await self.ledger.add(chat.namespace, chat.conversation, entry)
+        namespace, conversation = chat.namespace, chat.conversation
+        del chat, record  # the request's body is not held while the store is written
+        await self.ledger.add(namespace, conversation, entry)
 
     async def aclose(self) -> None:
         if self._tasks:

@@ -88,3 +88,9 @@ def test_prices_are_known_only_where_published_or_configured() -> None:
     assert extended.price("my-model") == ModelPrice("my-*", 1.0, 2.0)
     assert extended.price("gpt-4o") == ModelPrice("gpt-4o", 9.0, 9.0)
     assert extended.lookup("gpt-4o").context_window == 128_000
+    # A configured price wins over a built-in one, however specific the built-in.
+    broad = catalog.extended(
+        (), (ModelPrice("gpt-4o*", 1.0, 1.0), ModelPrice("claude-*", 2.0, 2.0))
+    )
+    assert broad.price("gpt-4o") == ModelPrice("gpt-4o*", 1.0, 1.0)
+    assert broad.price("claude-opus-4-5-20251101") == ModelPrice("claude-*", 2.0, 2.0)

@@ -389,7 +389,7 @@ def test_a_conversation_served_by_two_replicas_shows_all_its_requests_on_either(
         ]
 
     def seen(replica: ServeProcess) -> dict[str, Any]:
-        url = f"{replica.base_url}/context/conversations/ledger"
+        url = f"{replica.base_url}/context/conversations/client:ledger"
         found: dict[str, Any] = httpx.get(url, headers=AUTH, timeout=TIMEOUT).json()
         return found
 
@@ -400,9 +400,9 @@ def test_a_conversation_served_by_two_replicas_shows_all_its_requests_on_either(
         assert [e["id"] for e in conversation["entries"]["data"]] == served[::-1]
         assert conversation["upstream_tokens"] < conversation["client_tokens"]
         listed = httpx.get(f"{replica.base_url}/context/conversations", headers=AUTH).json()
-        assert "ledger" in [row["id"] for row in listed["data"]]
+        assert "client:ledger" in [row["id"] for row in listed["data"]]
     first = httpx.get(
-        f"{b.base_url}/context/conversations/ledger/requests/{served[0]}",
+        f"{b.base_url}/context/conversations/client:ledger/requests/{served[0]}",
         headers=AUTH,
         timeout=TIMEOUT,
     ).json()
