@@ -93,6 +93,7 @@ bench: install-dev
 	$(BIN)/python -m bench.overhead_responses
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.store
+	$(BIN)/python -m bench.ledger
 	$(BIN)/python -m bench.summaries
 	$(BIN)/python -m bench.cache
 	$(BIN)/python -m bench.replicas

@@ -4,11 +4,14 @@ run, so the differences are the cost of the extra hop and of contextgate's own w
 
     python -m bench.overhead [--requests 300] [--output docs/BENCHMARKS.md]
     python -m bench.overhead --baseline DIR   # beside a checkout of another commit
+    python -m bench.overhead --config FILE    # this gateway with a YAML configuration
 
 With ``--baseline``, a fourth target joins the rotation: the gateway served from the
 checkout in DIR (with DIR/.venv's interpreter when there is one), so that a change is
 measured against the code before it in one run, both servers up, their requests
-interleaved; the comparison goes to its own block of the output.
+interleaved; the comparison goes to its own block of the output. ``--config`` serves this
+checkout's gateway (not the baseline's) with a configuration file, e.g. to measure with a
+feature off beside the baseline; the block then names the file.
 
 The mock upstream, the passthrough and the gateway (``contextgate serve``, uvicorn with
 its default event loop and HTTP parser) each run in their own process on loopback; this
@@ -23,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -156,7 +160,11 @@ def run_scenario(
     client: httpx.Client, targets: dict[str, str], scenario: Scenario, n: int
 ) -> dict[str, Any]:
     """``n`` rounds; each round sends the scenario's request to every target, in an order
-    that rotates from round to round. Cold scenarios send every target a new body."""
+    shuffled from round to round (seeded), never starting with the target the round before
+    ended with. A rotating order would have each target always follow the same other one,
+    and what a process does after its answer (its access line, a ledger entry) competes
+    for the cores with whichever request comes next. Cold scenarios send every target a
+    new body."""
     names = list(targets)
     for i in range(5):  # open and warm every path's connections
         for name in names:
@@ -168,8 +176,13 @@ def run_scenario(
             )
     times: dict[str, list[float]] = {name: [] for name in names}
     own: list[float] = []
+    shuffle = random.Random(n).shuffle
+    order = names  # the warm-up's
     for i in range(n):
-        order = names[i % len(names) :] + names[: i % len(names)]
+        previous, order = order[-1], names[:]
+        shuffle(order)
+        while order[0] == previous:
+            shuffle(order)
         for position, name in enumerate(order):
             index = i * len(names) + position if scenario.cold else i
             if scenario.idle:
@@ -215,7 +228,8 @@ def write_results(
         f"Measured {date} on {machine()}; `make bench` (`python -m bench.overhead"
         f" --requests {n}`). Each row: {n} rounds (a third of that for the long histories),"
         " each sending the request straight to the mock, through the bare passthrough and"
-        " through contextgate, in rotating order; sequential, keep-alive; milliseconds.",
+        " through contextgate, in an order shuffled from round to round; sequential,"
+        " keep-alive; milliseconds.",
         "",
         "| scenario | body | direct p50 | bare passthrough p50 | contextgate p50 |"
         " contextgate overhead p50 | passthrough overhead p50 | contextgate's own p50 |"
@@ -252,7 +266,9 @@ def write_results(
     return block
 
 
-def write_baseline(output: Path, rows: list[dict[str, Any]], n: int, baseline: Path) -> str:
+def write_baseline(
+    output: Path, rows: list[dict[str, Any]], n: int, baseline: Path, config: Path | None = None
+) -> str:
     """The comparison with the baseline checkout, as its own block of ``output``."""
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = subprocess.run(
@@ -277,9 +293,11 @@ def write_baseline(output: Path, rows: list[dict[str, Any]], n: int, baseline: P
     lines = [
         BASELINE_START,
         f"Measured {date} on {machine()}; `python -m bench.overhead --requests {n}"
-        f" --baseline <checkout of {head}>` from {ours}{changes}:"
+        f" --baseline <checkout of {head}>{' --config ' + config.name if config else ''}`"
+        f" from {ours}{changes}{' (the configuration for this gateway only)' if config else ''}:"
         " both gateways up at once, every round sending the request to the mock, the bare"
-        " passthrough, this gateway and the baseline's, in rotating order; milliseconds,"
+        " passthrough, this gateway and the baseline's, in an order shuffled from round to"
+        " round; milliseconds,"
         " medians of the round's requests; added = p50 less the direct p50.",
         "",
         "| scenario | direct p50 | baseline p50 | contextgate p50 | baseline added |"
@@ -305,6 +323,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     parser.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
+    parser.add_argument(
+        "--config", type=Path, help="a YAML configuration for this gateway (not the baseline's)"
+    )
     args = parser.parse_args()
     n = args.requests
 
@@ -371,6 +392,7 @@ def main() -> None:
     ]
     mock_cmd = [sys.executable, "-m", "tests.mock_upstream", "--port", str(mock_port)]
     gateway_cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gateway_port)]
+    configured = [] if args.config is None else ["--config", str(args.config.resolve())]
     gateway_env = {**env, "CONTEXTGATE_UPSTREAM_BASE_URL": upstream}
     baseline = contextlib.nullcontext()
     if args.baseline is not None:
@@ -384,7 +406,11 @@ def main() -> None:
         baseline = process(baseline_cmd, baseline_env, ready, cwd=args.baseline)
     with (
         process(mock_cmd, env, answers(f"http://127.0.0.1:{mock_port}/v1/models")),
-        process(gateway_cmd, gateway_env, answers(f"http://127.0.0.1:{gateway_port}/healthz")),
+        process(
+            [*gateway_cmd, *configured],
+            gateway_env,
+            answers(f"http://127.0.0.1:{gateway_port}/healthz"),
+        ),
         process(passthrough_cmd, env, answers(f"http://127.0.0.1:{passthrough_port}/")),
         baseline,
         httpx.Client(timeout=60) as client,
@@ -401,7 +427,7 @@ def main() -> None:
             )
             rows.append(row)
         if args.baseline is not None:
-            print(write_baseline(args.output, rows, n, args.baseline))
+            print(write_baseline(args.output, rows, n, args.baseline, args.config))
             return
         rps: dict[int, dict[str, float]] = {}
         ports = {"direct": mock_port, "passthrough": passthrough_port, "gateway": gateway_port}
