@@ -258,7 +258,7 @@ def _note(details: Mapping[str, Any]) -> str | None:
     return ", ".join(parts)[:_NOTE_CHARS] or None
 
 
-def _refs(report: Report, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _refs(report: Report, rows: Sequence[dict[str, Any] | _Kept]) -> list[dict[str, Any]]:
     """The refs named in what went up that the client did not send, in the order they
     appear: the stage that wrote each on this request and the original's size when it did
     (else ``None``: written by an earlier pass or request), and the client's message it
@@ -266,6 +266,8 @@ def _refs(report: Report, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     written = {ref: (stage.name, size) for stage in report.stages for ref, size in stage.written}
     found: dict[str, dict[str, Any]] = {}
     for row in rows:
+        if isinstance(row, _Kept):  # names no ref
+            continue
         client = row["client"]
         for ref in row["refs"]:
             if ref in found:
@@ -391,41 +393,57 @@ def detail_of(chat: ChatRequest) -> dict[str, Any]:
     return _detail(_rows(chat))
 
 
-def _rows(chat: ChatRequest) -> list[dict[str, Any]]:
+def _rows(chat: ChatRequest) -> list[dict[str, Any] | _Kept]:
     """A row per message: the client's matched with what went up by identity (a stage
-    keeps what it does not change), the runs between paired by ``_changed``."""
+    keeps what it does not change), the runs between paired by ``_changed``. A message
+    kept as it was is its ``_Kept`` until the detail shows it (``_detail``): it names no
+    ref, and most of a long history's are collapsed or cut, so their text is never read."""
     sent = _messages(chat.body)
     went = _messages(chat.result.request)
     checkpoint = _checkpoint(chat) or {}
     start, end = checkpoint.get("start"), checkpoint.get("end")
     span = (start, end) if isinstance(start, int) and isinstance(end, int) else None
     kept = {id(message): index for index, message in enumerate(went)}
-    sent_refs = {ref for message in sent for ref in REF_PATTERN.findall(_text(message))}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any] | _Kept] = []
     i = j = 0
     for index, message in enumerate(sent):
         found = kept.get(id(message))
         if found is None or found < j:
             continue
-        rows.extend(_changed(sent, i, index, went[j:found], span, sent_refs))
-        rows.append(_row("kept", message, None, sent_refs))
+        if index > i or found > j:
+            rows.extend(_changed(sent, i, index, went[j:found], span))
+        rows.append(_Kept(message))
         i, j = index + 1, found + 1
-    rows.extend(_changed(sent, i, len(sent), went[j:], span, sent_refs))
+    rows.extend(_changed(sent, i, len(sent), went[j:], span))
     return rows
 
 
-def _detail(rows: list[dict[str, Any]]) -> dict[str, Any]:
+class _Kept:
+    """A message kept as it was, its row not made yet."""
+
+    __slots__ = ("message",)
+    fate: Final = "kept"
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        self.message = message
+
+    def row(self) -> dict[str, Any]:
+        return _row("kept", self.message, None)
+
+
+def _detail(rows: list[dict[str, Any] | _Kept]) -> dict[str, Any]:
     """The detail of ``rows``: long runs collapsed, at most ``MAX_ROWS``, the previews
     within ``DETAIL_TEXT_CHARS``."""
-    rows = _collapsed(rows)
-    truncated = len(rows) > MAX_ROWS
+    shown = _collapsed(rows)
+    truncated = len(shown) > MAX_ROWS
     if truncated:
-        rows = [*rows[:20], *rows[-(MAX_ROWS - 20) :]]
-    sides = [side for row in rows for side in (row.get("client"), row.get("upstream")) if side]
-    shown = max(MIN_TEXT_CHARS, min(TEXT_CHARS, DETAIL_TEXT_CHARS // max(1, len(sides))))
-    if shown < TEXT_CHARS:
-        rows = [_shortened_row(row, shown) for row in rows]
-    return {"messages": rows, "truncated": truncated}
+        shown = [*shown[:20], *shown[-(MAX_ROWS - 20) :]]
+    made = [row.row() if isinstance(row, _Kept) else row for row in shown]
+    sides = [side for row in made for side in (row.get("client"), row.get("upstream")) if side]
+    chars = max(MIN_TEXT_CHARS, min(TEXT_CHARS, DETAIL_TEXT_CHARS // max(1, len(sides))))
+    if chars < TEXT_CHARS:
+        made = [_shortened_row(row, chars) for row in made]
+    return {"messages": made, "truncated": truncated}
 
 
 def _shortened_row(row: dict[str, Any], shown: int) -> dict[str, Any]:
@@ -437,20 +455,20 @@ def _shortened_row(row: dict[str, Any], shown: int) -> dict[str, Any]:
     return {**row, **sides}
 
 
-def _collapsed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _collapsed(rows: list[dict[str, Any] | _Kept]) -> list[dict[str, Any] | _Kept]:
     """``rows`` with each run of more than ``RUN_SHOWN`` rows of one fate shown by its
     first and last few and one row counting the rest (``collapsed``)."""
-    shown: list[dict[str, Any]] = []
+    fates = [row.fate if isinstance(row, _Kept) else row["fate"] for row in rows]
+    shown: list[dict[str, Any] | _Kept] = []
     start = 0
     while start < len(rows):
-        end = start
-        while end < len(rows) and rows[end]["fate"] == rows[start]["fate"]:
+        end = start + 1
+        while end < len(rows) and fates[end] == fates[start]:
             end += 1
         if end - start > RUN_SHOWN:
             edge = RUN_SHOWN // 2
-            hidden = end - start - 2 * edge
             shown += rows[start : start + edge]
-            shown.append({"fate": rows[start]["fate"], "collapsed": hidden})
+            shown.append({"fate": fates[start], "collapsed": end - start - 2 * edge})
             shown += rows[end - edge : end]
         else:
             shown += rows[start:end]
@@ -469,7 +487,6 @@ def _changed(
     stop: int,
     went: Sequence[dict[str, Any]],
     span: tuple[int, int] | None,
-    sent_refs: set[str],
 ) -> Iterable[dict[str, Any]]:
     """Rows for the client's messages ``start`` to ``stop``, replaced by the run ``went``
     of what went up: each of the client's paired, in order, with the next that stands for
@@ -481,12 +498,12 @@ def _changed(
         found = next((k for k in range(j, len(went)) if _stands_for(went[k], message)), None)
         if found is None:
             inside = span is not None and span[0] <= index < span[1]
-            yield _row("summarised" if inside else "pruned", message, None, sent_refs)
+            yield _row("summarised" if inside else "pruned", message, None)
             continue
-        yield from (_row("added", None, added, sent_refs) for added in went[j:found])
-        yield _row(_fate(message, went[found], sent_refs), message, went[found], sent_refs)
+        yield from (_row("added", None, added) for added in went[j:found])
+        yield _paired(message, went[found])
         j = found + 1
-    yield from (_row("added", None, added, sent_refs) for added in went[j:])
+    yield from (_row("added", None, added) for added in went[j:])
 
 
 def _stands_for(went: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
@@ -529,34 +546,45 @@ def _lead(text: str) -> str:
     return text[: found.start()] if found is not None else text
 
 
-def _fate(sent: dict[str, Any], went: dict[str, Any], sent_refs: set[str]) -> Fate:
+def _paired(sent: dict[str, Any], went: dict[str, Any]) -> dict[str, Any]:
+    """The row of a message of the client's and what went up in its place: kept when it
+    reads the same (a stage changed only what is not read, such as a cache marker),
+    offloaded when it names a ref the client's did not, shortened otherwise."""
     before, after = _text(sent), _text(went)
+    new: list[str] = []
     if before == after:
-        return "kept"
-    if any(ref not in sent_refs for ref in REF_PATTERN.findall(after)):
-        return "offloaded"
-    return "shortened"
+        fate: Fate = "kept"
+    else:
+        if "ctx_" in after:
+            found = dict.fromkeys(REF_PATTERN.findall(after))
+            new = [ref for ref in found if ref not in before]
+        fate = "offloaded" if new else "shortened"
+    return {
+        "fate": fate,
+        "role": str(went.get("role", "")),
+        "client": _side(before),
+        "upstream": _side(after) if fate != "kept" else None,
+        "refs": new,
+    }
 
 
-def _row(
-    fate: Fate,
-    sent: dict[str, Any] | None,
-    went: dict[str, Any] | None,
-    sent_refs: set[str],
-) -> dict[str, Any]:
-    """One row: the client's side and what went up (``None`` where there is none; for a
-    message kept as it was, only the client's side), and the refs what went up names
-    that the client did not send."""
+def _row(fate: Fate, sent: dict[str, Any] | None, went: dict[str, Any] | None) -> dict[str, Any]:
+    """The row of a message on one side only: the client's (kept as it was, pruned,
+    summarised) or what went up (added), with the refs an added one names."""
     shown = went if went is not None else sent
     assert shown is not None
-    text = _text(went) if went is not None and fate != "kept" else ""
-    named = dict.fromkeys(ref for ref in REF_PATTERN.findall(text) if ref not in sent_refs)
+    text = _text(shown)
+    refs = (
+        list(dict.fromkeys(REF_PATTERN.findall(text)))
+        if went is not None and "ctx_" in text
+        else []
+    )
     return {
         "fate": fate,
         "role": str(shown.get("role", "")),
-        "client": _side(_text(sent)) if sent is not None else None,
-        "upstream": _side(text) if went is not None and fate != "kept" else None,
-        "refs": list(named),
+        "client": _side(text) if sent is not None else None,
+        "upstream": _side(text) if went is not None else None,
+        "refs": refs,
     }
 
 
