@@ -34,20 +34,18 @@ whole log, up to a megabyte, over the network). A conversation whose last reques
 is older than the TTL is not listed, though the index keeps it until the namespace's next
 write.
 
-What a request costs in Redis (``MEMORY USAGE`` of the keys after 200 and after 500
-entries of 2-5 KB summaries, 3.65 KB on average, the latest 5 with 30-60 KB details, on
-redis-server 7.0.15): the log holds each summary plus about 10% (the request id's prefix,
-the list's nodes and the allocator's rounding), about 4.0 KB a request; the detail hash
-its JSON plus about 6% (230-255 KB a conversation, whatever its length); the row 1.5 KB.
-A conversation at the 200-entry cap took 1.04 MB, 5.2 KB a request all told, and the same
-after 500 entries: nothing grows past the bounds. What the defaults allow one namespace
-(1,000 conversations) is thus about 1 GB, all on one node of a cluster.
+Summaries and details are kept zlib-compressed (level 1), like the in-memory ledger's: a
+summary is mostly repeated keys and stage names, a detail message text. What a request
+costs in Redis, measured with ``MEMORY USAGE`` by ``bench/ledger.py`` at the default
+bounds, is in docs/BENCHMARKS.md ("The ledger's memory and Redis bytes"); nothing grows
+past the bounds, and all of a namespace's ledger is on one node of a cluster.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -195,7 +193,7 @@ class RedisLedger:
             conversation,
             repr(float(entry.at)),
             entry.request_id,
-            entry.request_id.encode() + b"\n" + entry.summary,
+            entry.request_id.encode() + b"\n" + zlib.compress(entry.summary, 1),
             pack_detail(entry.detail) if entry.detail is not None else b"",
             self.max_requests,
             self.max_details,
@@ -313,6 +311,6 @@ def _row(fields: Iterable[tuple[bytes, bytes]]) -> dict[str, Any]:
 
 
 def _summary(item: bytes) -> dict[str, Any]:
-    """An entry's summary from its log item (``<request id>\\n<JSON>``)."""
-    summary: dict[str, Any] = orjson.loads(item.partition(b"\n")[2])
+    """An entry's summary from its log item (``<request id>\\n<JSON, zlib-compressed>``)."""
+    summary: dict[str, Any] = orjson.loads(zlib.decompress(item.partition(b"\n")[2]))
     return summary
