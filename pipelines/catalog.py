@@ -6,11 +6,12 @@ prefix such as ``openai/`` or ``anthropic/`` is ignored for matching. A model th
 nothing gets the defaults of ``UNKNOWN_MODEL`` (a 128,000-token window). The gateway's
 configuration can add entries or override built-in ones.
 
-Beside the budget facts, a price table (``ModelPrice``, matched the same way) gives what a
-model's tokens cost, for the inspector's estimates of what a request cost with the gateway
-and would have cost without it. A model without a price has none: its cost is unknown,
-never guessed. The built-in prices are the providers' published list prices for a few
-models whose prices are settled (``BUILTIN_PRICES``); the configuration adds the rest.
+Beside the budget facts, a price table (``ModelPrice``, matched the same way, except that a
+configured price wins over every built-in one that matches) gives what a model's tokens
+cost, for the inspector's estimates of what a request cost with the gateway and would have
+cost without it. A model without a price has none: its cost is unknown, never guessed. The
+built-in prices are the providers' published list prices for a few models whose prices are
+settled (``BUILTIN_PRICES``); the configuration adds the rest.
 """
 
 from __future__ import annotations

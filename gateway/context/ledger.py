@@ -7,16 +7,22 @@ store's ledger (``gateway.store.ledger``), off the request's path. The entry's s
 the JSON API returns as it is, is in ``docs/API.md``:
 
 - the summary: when, which route and API, model, tenant, the tokens the client sent and
-  those that went up, the budget and its thresholds, each stage's action, the refs written
-  (what kind of content, how big, what they replaced), the summary checkpoint applied, the
+  those that went up, the budget and its thresholds, each stage's action, the refs named
+  in what went up that the client did not send (which stage wrote them on this request and
+  how big, what they stand for), the summary checkpoint applied, the
   native context-management edits, the cache's verdict with the provider's counts, the
   estimated cost with the gateway and without it, the restore calls the model made;
 - the detail: the messages the client sent beside those that went up, each with its fate
   (kept, shortened, offloaded, pruned, summarised, added), kept for the latest requests.
 
-The messages are matched by identity (a stage keeps what it does not change), then a
-changed message by position and role among its neighbours: what is left of the client's
-was pruned, or summarised when a summary applied; what is left of what went up was added.
+The messages are matched by identity (a stage keeps what it does not change); between two
+kept ones, each of the client's is paired with the next that stands for it (the same tool
+call, or the same role with text that begins like the client's up to where a placeholder
+of the gateway's begins; a message a placeholder replaced whole is taken for the next of
+its role; a summary or note the gateway added never). What is left of the client's was
+summarised if it lies inside the applied summary's span, else pruned; what is left of
+what went up was added. A pair that reads the same is kept, one whose replacement names a
+ref the client's did not is offloaded, any other shortened.
 
 The cost is an estimate from the catalog's price table: with the gateway, the provider's
 reported usage at its prices; without, the same, plus the tokens the gateway removed at
@@ -68,8 +74,8 @@ _PLACEHOLDER: Final = re.compile(
     r" offloaded|Tool result of|Trimmed to save space|Archived output of|An earlier |Result"
     r" of an earlier tool call|No result was recorded|contextgate compaction|Restored media)"
 )
-"""How the placeholders the stages leave begin (pipelines/: filter, media, ttl_prune,
-compress, native_edits, normalize)."""
+"""How the placeholders the gateway leaves begin (the stages' in pipelines/, a compaction
+block's and a restored image's in gateway/context/)."""
 MAX_REFS: Final = 100
 """Refs an entry lists at most (``refs_named`` counts them all)."""
 _APIS: Final = {
@@ -149,7 +155,7 @@ def entry_of(
     received = report.received_tokens
     usage = record.usage if record.answered else None
     prompt, cached = usage_of(usage)
-    written = _int(usage.get("cache_creation_input_tokens")) if usage is not None else None
+    written = _written(usage)
     completion = _int(usage.get("completion_tokens")) if usage is not None else None
     with_gateway, without = _cost(catalog, report, received, prompt, cached, written, completion)
     restores = record.restores if isinstance(record.restores, RestoreStats) else None
@@ -218,6 +224,19 @@ def entry_of(
         orjson.dumps(detail) if detail is not None else None,
         totals,
     )
+
+
+def _written(usage: Mapping[str, Any] | None) -> int | None:
+    """The input tokens the provider wrote to its cache: Anthropic's
+    ``cache_creation_input_tokens`` (kept in the OpenAI form by the wire), or
+    ``prompt_tokens_details.cache_write_tokens`` (OpenRouter); ``None`` when not said."""
+    if usage is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    found = usage.get("cache_creation_input_tokens")
+    if found is None and isinstance(details, Mapping):
+        found = details.get("cache_write_tokens")
+    return _int(found)
 
 
 def _int(value: Any) -> int | None:

@@ -38,8 +38,8 @@ __all__ = [
 ]
 
 ENTRY_OVERHEAD: Final = 256
-"""Memory an entry costs in the in-memory ledger besides its JSON: its bytes objects,
-deque slot and detail key."""
+"""Memory an entry costs in the in-memory ledger besides its compressed summary and
+detail: its bytes objects, deque slot and detail key."""
 ROW_OVERHEAD: Final = 2_048
 """Memory a conversation's row and index entry cost besides its entries."""
 
@@ -58,7 +58,7 @@ class Totals:
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """One request's entry: ``summary`` and ``detail`` are JSON objects, encoded (the
-    ledgers keep the detail compressed: ``pack_detail``)."""
+    ledgers keep both zlib-compressed)."""
 
     request_id: str
     at: float
@@ -140,8 +140,8 @@ class MemoryLedger:
     """The ledger in this process's memory, within ``max_bytes`` in all. Summaries are
     kept zlib-compressed like the details: a compressed copy is allocated to its size,
     whereas the JSON ``orjson`` returns holds several times its length, so what is counted
-    is what is held (0.95-0.99 of what ``tracemalloc`` traces, against a quarter to a
-    seventh uncompressed)."""
+    is what is held (within about 7% of what ``tracemalloc`` traces, docs/BENCHMARKS.md;
+    uncompressed, a quarter to a seventh of it)."""
 
     __slots__ = (
         "_bytes",

@@ -7,14 +7,14 @@ Keys, all of one namespace's under one hash tag (so one slot of a cluster), wher
 - ``cg:{i:<ns>}:idx``: a sorted set of the namespace's conversations, scored by the
   ``at`` of their latest request (never lowered by a request that ends late).
 - ``cg:{i:<ns>}:<conversation>:log``: a list of the entries' summaries, newest first,
-  each ``<request id>\\n<summary JSON>`` so that the script writing an entry can tell
-  whose detail to drop without decoding JSON.
+  each ``<request id>\\n<summary JSON, zlib-compressed>`` so that the script writing an
+  entry can tell whose detail to drop without decoding anything.
 - ``cg:{i:<ns>}:<conversation>:row``: a hash of the conversation's totals. Each field's
   name carries the type of its value (``i:requests``, ``f:cost_with``, ``s:model``), so a
   title that reads ``2024`` comes back a string and an integral cost a float; a total
   added as an int by one request and as a float by another is the sum of its two fields.
-- ``cg:{i:<ns>}:<conversation>:detail``: a hash of request id to detail JSON, for the
-  latest ``max_details`` entries only.
+- ``cg:{i:<ns>}:<conversation>:detail``: a hash of request id to its detail JSON,
+  zlib-compressed, for the latest ``max_details`` entries only.
 
 The tag is ``i`` (inspector), not ``l``: ``cg:{l:<id>}`` is the rate limiter's
 (``gateway.tenancy.limits``), whose ``<id>`` is this same ``namespace_id`` in passthrough.
@@ -30,9 +30,9 @@ its writes go to that node.
 Reads: a page of conversations is one script (the index's page, its count and each row);
 a page of entries one pipelined ``LRANGE`` and ``LLEN``; one entry a script that looks
 for it in the log, newest first, and reads its detail (so a lookup does not bring the
-whole log, up to a megabyte, over the network). A conversation whose last request
-is older than the TTL is not listed, though the index keeps it until the namespace's next
-write.
+whole log, half a megabyte for the longest measured, over the network). A conversation
+whose last request is older than the TTL is not listed, though the index keeps it until
+the namespace's next write.
 
 Summaries and details are kept zlib-compressed (level 1), like the in-memory ledger's: a
 summary is mostly repeated keys and stage names, a detail message text. What a request

@@ -56,7 +56,6 @@ def summary(
     refs: Sequence[dict[str, Any]] = (),
     checkpoint: dict[str, Any] | None = None,
     restores: int = 0,
-    restored: Sequence[str] = (),
     status: int = 200,
     detail: bool = True,
     cached: int | None = None,
@@ -100,7 +99,7 @@ def summary(
             "written": 0,
         },
         "cost": {"with": cost[0], "without": cost[1], "currency": "USD"},
-        "restores": {"calls": restores, **({"refs": list(restored)} if restored else {})},
+        "restores": {"calls": restores},
         "detail": detail,
     }
 
@@ -576,7 +575,7 @@ async def test_a_request_shows_its_stages_messages_refs_and_checkpoint(
     client: AsyncTestClient[Any],
 ) -> None:
     """The stage table, the messages side by side with their fates, each ref a link to
-    its object (the restored ones too), the checkpoint's fields, the cache's counts."""
+    its object, the checkpoint's fields, the cache's counts."""
     fields = {
         "user_goal": "Make the login test pass",
         "active_task": "Fixing the session cookie",
@@ -584,15 +583,15 @@ async def test_a_request_shows_its_stages_messages_refs_and_checkpoint(
         "files_modified": ["auth.py"],
     }
     checkpoint = {"start": 3, "end": 57, "fields": fields, "refs": []}
-    await fill(client, "tenant:acme", "acme-1", checkpoint=checkpoint, restores=1, restored=[REF])
+    await fill(client, "tenant:acme", "acme-1", checkpoint=checkpoint, restores=1)
     await log_in(client)
     page = (await client.get("/ui/conversations/acme-1/requests/cg-second")).text
     assert '<span class="stage">filter</span>' in page
     assert "offloaded=1" in page
     for fate in ["kept", "offloaded", "pruned", "added"]:
         assert f'<span class="fate {fate}">{fate}</span>' in page
-    # In the message, the table of refs, the restores.
-    assert page.count(f'href="/ui/objects/{REF}"') == 3
+    # In the message and in the table of refs.
+    assert page.count(f'href="/ui/objects/{REF}"') == 2
     assert "53,211" in page
     assert "Make the login test pass" in page
     assert "<li>Ran the tests</li>" in page
