@@ -46,7 +46,8 @@ from gateway.context.record import RequestRecord
 from gateway.context.restore.restorer import RestoreStats
 from gateway.store.ledger import Ledger, LedgerEntry, Totals
 from gateway.store.stores import ANONYMOUS, UNRESOLVED
-from pipelines import ModelCatalog, Report
+from gateway.telemetry.metrics import cache_writes
+from pipelines import ModelCatalog, Report, StageReport
 from pipelines.session import usage_of
 from pipelines.stage import REF_PATTERN
 
@@ -155,12 +156,14 @@ def entry_of(
     received = report.received_tokens
     usage = record.usage if record.answered else None
     prompt, cached = usage_of(usage)
-    written = _written(usage)
+    written = _int(cache_writes(usage)) if usage is not None else None
     completion = _int(usage.get("completion_tokens")) if usage is not None else None
-    with_gateway, without = _cost(catalog, report, received, prompt, cached, written, completion)
-    restores = record.restores if isinstance(record.restores, RestoreStats) else None
-    cache = _cache(report, record.cache_break, prompt, cached, written)
-    rows = _rows(chat)
+    uncached = None if prompt is None else max(0, prompt - (cached or 0) - (written or 0))
+    with_gateway, without = _cost(catalog, report, received, cached, uncached, written, completion)
+    restored = record.restores.calls if isinstance(record.restores, RestoreStats) else 0
+    cache = _cache(report, record.cache_break, cached, uncached, written)
+    checkpoint = _checkpoint(chat)
+    rows = _rows(chat, checkpoint)
     refs = _refs(report, rows)
     detail = _detail(rows) if detailed else None
     compaction = _is_compaction(chat)
@@ -185,12 +188,12 @@ def entry_of(
         "refs": refs[:MAX_REFS],
         "refs_named": len(refs),
         "compaction": compaction,
-        "summary": _checkpoint(chat),
+        "summary": checkpoint,
         "native": report.native,
         "applied_edits": report.applied_edits,
         "cache": cache,
         "cost": {"with": with_gateway, "without": without, "currency": "USD"},
-        "restores": {"calls": restores.calls if restores is not None else 0},
+        "restores": {"calls": restored},
         "detail": detail is not None,
     }
     priced = with_gateway is not None and without is not None
@@ -206,7 +209,7 @@ def entry_of(
             "priced": int(priced),
             "compactions": int(compaction),
             "cache_breaks": int(cache["verdict"] == "break"),
-            "restores": restores.calls if restores is not None else 0,
+            "restores": restored,
         },
         latest={
             "refs": len(refs),
@@ -226,19 +229,6 @@ def entry_of(
     )
 
 
-def _written(usage: Mapping[str, Any] | None) -> int | None:
-    """The input tokens the provider wrote to its cache: Anthropic's
-    ``cache_creation_input_tokens`` (kept in the OpenAI form by the wire), or
-    ``prompt_tokens_details.cache_write_tokens`` (OpenRouter); ``None`` when not said."""
-    if usage is None:
-        return None
-    details = usage.get("prompt_tokens_details")
-    found = usage.get("cache_creation_input_tokens")
-    if found is None and isinstance(details, Mapping):
-        found = details.get("cache_write_tokens")
-    return _int(found)
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -255,7 +245,7 @@ def _thresholds(chat: ChatRequest) -> dict[str, int]:
     }
 
 
-def _stage(stage: Any) -> dict[str, Any]:
+def _stage(stage: StageReport) -> dict[str, Any]:
     return {
         "name": stage.name,
         "changed": stage.changed,
@@ -319,8 +309,8 @@ def _kind_of(row: Mapping[str, Any]) -> str:
 def _cache(
     report: Report,
     cause: str | None,
-    prompt: int | None,
     cached: int | None,
+    uncached: int | None,
     written: int | None,
 ) -> dict[str, Any]:
     if cause is not None:
@@ -329,9 +319,6 @@ def _cache(
         verdict, reason = "warm", None
     else:
         verdict, reason = "cold", report.cache
-    uncached = None
-    if prompt is not None:
-        uncached = max(0, prompt - (cached or 0) - (written or 0))
     return {
         "verdict": verdict,
         "reason": reason,
@@ -345,26 +332,24 @@ def _cost(
     catalog: ModelCatalog,
     report: Report,
     received: int,
-    prompt: int | None,
     cached: int | None,
+    uncached: int | None,
     written: int | None,
     completion: int | None,
 ) -> tuple[float | None, float | None]:
     """What the request cost with the gateway, and would have without it (module
-    docstring), in dollars; ``None`` for unknown."""
+    docstring), in dollars; ``None`` for unknown (no price, or no usage: ``uncached``)."""
     price = catalog.price(report.model)
-    if price is None or prompt is None:
+    if price is None or uncached is None:
         return None, None
     cached, written = cached or 0, written or 0
-    uncached = max(0, prompt - cached - written)
     read_price = price.cached_input if price.cached_input is not None else price.input
     write_price = price.cache_write if price.cache_write is not None else price.input
     inputs = uncached * price.input + cached * read_price + written * write_price
     outputs = (completion or 0) * price.output
     removed = max(0, received - report.tokens_after)
-    blend = (uncached * price.input + cached * read_price) / max(1, uncached + cached)
-    if uncached + cached == 0:
-        blend = price.input
+    read = uncached + cached
+    blend = (uncached * price.input + cached * read_price) / read if read else price.input
     with_gateway = (inputs + outputs) / 1_000_000
     without = (inputs + outputs + removed * blend) / 1_000_000
     return round(with_gateway, 6), round(without, 6)
@@ -409,17 +394,17 @@ def _title(messages: Any) -> str:
 
 def detail_of(chat: ChatRequest) -> dict[str, Any]:
     """What the client sent beside what went up, message by message."""
-    return _detail(_rows(chat))
+    return _detail(_rows(chat, _checkpoint(chat)))
 
 
-def _rows(chat: ChatRequest) -> list[dict[str, Any] | _Kept]:
+def _rows(chat: ChatRequest, checkpoint: Mapping[str, Any] | None) -> list[dict[str, Any] | _Kept]:
     """A row per message: the client's matched with what went up by identity (a stage
     keeps what it does not change), the runs between paired by ``_changed``. A message
     kept as it was is its ``_Kept`` until the detail shows it (``_detail``): it names no
     ref, and most of a long history's are collapsed or cut, so their text is never read."""
     sent = _messages(chat.body)
     went = _messages(chat.result.request)
-    checkpoint = _checkpoint(chat) or {}
+    checkpoint = checkpoint or {}
     start, end = checkpoint.get("start"), checkpoint.get("end")
     span = (start, end) if isinstance(start, int) and isinstance(end, int) else None
     kept = {id(message): index for index, message in enumerate(went)}

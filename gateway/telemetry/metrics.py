@@ -36,6 +36,7 @@ __all__ = [
     "TOKEN_KINDS",
     "Metrics",
     "ModelLabels",
+    "cache_writes",
     "usage_counts",
 ]
 
@@ -321,13 +322,19 @@ def usage_counts(usage: Mapping[str, Any]) -> tuple[int, int, int, int]:
     details = usage.get("prompt_tokens_details")
     if not isinstance(details, Mapping):
         details = {}
-    written = usage.get("cache_creation_input_tokens", details.get("cache_write_tokens"))
     return (
         _count(usage.get("prompt_tokens")),
         _count(usage.get("completion_tokens")),
         _count(details.get("cached_tokens")),
-        _count(written),
+        _count(cache_writes(usage)),
     )
+
+
+def cache_writes(usage: Mapping[str, Any]) -> Any:
+    """The cache-write field of an OpenAI-form ``usage``, as it is (``usage_counts``)."""
+    details = usage.get("prompt_tokens_details")
+    fallback = details.get("cache_write_tokens") if isinstance(details, Mapping) else None
+    return usage.get("cache_creation_input_tokens", fallback)
 
 
 def _count(value: object) -> int:

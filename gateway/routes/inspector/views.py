@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway.store import REF_PATTERN
+from pipelines.summary import FIELDS
 
 __all__ = [
     "SUMMARY_FIELDS",
@@ -31,20 +32,9 @@ __all__ = [
     "summary_fields",
 ]
 
-SUMMARY_FIELDS: Final = (
-    ("user_goal", "User goal"),
-    ("active_task", "Active task"),
-    ("constraints_and_preferences", "Constraints and preferences"),
-    ("completed_actions", "Completed actions"),
-    ("active_state", "Active state"),
-    ("key_findings", "Key findings"),
-    ("errors_and_fixes", "Errors and fixes"),
-    ("resolved_questions", "Resolved questions"),
-    ("pending_user_asks", "Pending user asks"),
-    ("files_modified", "Files modified"),
-    ("last_action", "Last action"),
-)
-"""The summary checkpoint's 11 fields, in the order the summarizer writes them."""
+SUMMARY_FIELDS: Final = tuple((name, name.replace("_", " ").capitalize()) for name in FIELDS)
+"""The summary checkpoint's 11 fields, in the order the summarizer writes them, with the
+titles the page gives them."""
 
 
 def number(value: Any) -> float | None:

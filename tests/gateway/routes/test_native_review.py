@@ -322,23 +322,30 @@ def test_the_overflow_retry_keeps_the_cleared_placeholders_and_reports_them(
     assert "native_edits" in raw.headers["x-contextgate-actions"].split(", ")
 
 
+COMPACT_30K = {
+    "edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 30_000}}]
+}
+
+
+def retried_compaction(client: anthropic.Anthropic, upstream: Any) -> tuple[Any, Any]:
+    """A 60-turn history whose compaction (due at 30,000 tokens) the upstream first refuses
+    as too long: its turns, and the answer, which begins with the compaction block."""
+    turns = history(60)
+    upstream.push(JSONReply(OVERFLOW, status=400))
+    answer = client.beta.messages.create(
+        model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=COMPACT_30K
+    )
+    assert answer.content[0].type == "compaction"
+    return turns, answer
+
+
 def test_the_block_of_a_retried_compaction_names_what_went_up_then(
     models: Models, client: anthropic.Anthropic, upstream: MockUpstream
 ) -> None:
     """A compaction the upstream refuses as still too long is compacted again and
     retried: the block the client gets names that smaller request's checkpoint, so sent
     back it expands to what the model last read (before: to the first, refused one)."""
-    compact = {
-        "edits": [
-            {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 30_000}}
-        ]
-    }
-    turns = history(60)
-    upstream.push(JSONReply(OVERFLOW, status=400))
-    answer = client.beta.messages.create(
-        model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=compact
-    )
-    assert answer.content[0].type == "compaction"
+    turns, answer = retried_compaction(client, upstream)
     first, retried = (r.json() for r in upstream.received if r.path == "/v1/chat/completions")
     assert len(retried["messages"]) < len(first["messages"])
     client.beta.messages.create(
@@ -346,7 +353,7 @@ def test_the_block_of_a_retried_compaction_names_what_went_up_then(
         max_tokens=200,
         messages=follow_up(turns, answer),
         betas=BETAS,
-        context_management=compact,
+        context_management=COMPACT_30K,
     )
     went_up = models.chat.requests[-1]["messages"]
     assert went_up[: len(retried["messages"])] == retried["messages"]
@@ -593,24 +600,14 @@ def test_the_record_carries_on_after_a_retried_or_paused_compaction(
     """A compaction made again after an upstream overflow, and one answered paused
     without the model, leave a record the next request (its block expanded) continues:
     one more call, the earlier answers' ids kept, no second record."""
-    compact = {
-        "edits": [
-            {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 30_000}}
-        ]
-    }
-    turns = history(60)
-    upstream.push(JSONReply(OVERFLOW, status=400))
-    answer = client.beta.messages.create(
-        model="gpt-4o", max_tokens=200, messages=turns, betas=BETAS, context_management=compact
-    )
-    assert answer.content[0].type == "compaction"
+    turns, answer = retried_compaction(client, upstream)
     ((conversation, first),) = settled(anthropic_gateway).items()
     client.beta.messages.create(
         model="gpt-4o",
         max_tokens=200,
         messages=follow_up(turns, answer),
         betas=BETAS,
-        context_management=compact,
+        context_management=COMPACT_30K,
     )
     after = settled(anthropic_gateway, {conversation: first})
     assert list(after) == [conversation]
