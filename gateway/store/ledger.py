@@ -58,7 +58,7 @@ class Totals:
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """One request's entry: ``summary`` and ``detail`` are JSON objects, encoded (the
-    ledgers keep both zlib-compressed)."""
+    ledgers keep both compressed: ``pack``)."""
 
     request_id: str
     at: float
@@ -105,14 +105,15 @@ class Ledger(Protocol):
         ...
 
 
-def pack_detail(detail: bytes) -> bytes:
-    """A detail's JSON as the ledgers keep it: zlib-compressed (a detail is mostly message
-    text, which compresses four to eight times; level 1, about 1 ms for the largest)."""
-    return zlib.compress(detail, 1)
+def pack(data: bytes) -> bytes:
+    """A summary's or a detail's JSON as the ledgers keep it: zlib-compressed (mostly keys,
+    stage names and message text, which compress four to eight times; level 1, about 1 ms
+    for the largest detail)."""
+    return zlib.compress(data, 1)
 
 
-def unpack_detail(packed: bytes | None) -> Any:
-    """A kept detail, decoded (``None`` when there is none)."""
+def unpack(packed: bytes | None) -> Any:
+    """A kept summary or detail, decoded (``None`` when there is none)."""
     return orjson.loads(zlib.decompress(packed)) if packed else None
 
 
@@ -187,11 +188,11 @@ class MemoryLedger:
         held.move_to_end(conversation)
         found.expires = self._clock() + self.ttl
         apply_totals(found.row, entry.totals)
-        summary = zlib.compress(entry.summary, 1)
+        summary = pack(entry.summary)
         size = len(summary) + ENTRY_OVERHEAD
         found.entries.appendleft((entry.request_id, summary))
         if entry.detail is not None:
-            detail = found.details[entry.request_id] = pack_detail(entry.detail)
+            detail = found.details[entry.request_id] = pack(entry.detail)
             size += len(detail)
         found.bytes += size
         self._bytes += size
@@ -267,7 +268,7 @@ class MemoryLedger:
         if found is None:
             return LedgerPage([], 0)
         page = list(found.entries)[offset : offset + limit]
-        entries = [orjson.loads(zlib.decompress(summary)) for _, summary in page]
+        entries = [unpack(summary) for _, summary in page]
         return LedgerPage(entries, len(found.entries))
 
     async def request(
@@ -280,4 +281,4 @@ class MemoryLedger:
         if summary is None:
             return None
         detail = found.details.get(request_id)
-        return {**orjson.loads(zlib.decompress(summary)), "detail": unpack_detail(detail)}
+        return {**unpack(summary), "detail": unpack(detail)}

@@ -45,14 +45,11 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from collections.abc import Iterable
 from typing import Any, Final
 
-import orjson
-
 from gateway.breaker import CircuitBreaker
-from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack_detail, unpack_detail
+from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack, unpack
 from gateway.store.redis import RedisBackend, namespace_id
 from pipelines import StoreError
 
@@ -193,8 +190,8 @@ class RedisLedger:
             conversation,
             repr(float(entry.at)),
             entry.request_id,
-            entry.request_id.encode() + b"\n" + zlib.compress(entry.summary, 1),
-            pack_detail(entry.detail) if entry.detail is not None else b"",
+            entry.request_id.encode() + b"\n" + pack(entry.summary),
+            pack(entry.detail) if entry.detail is not None else b"",
             self.max_requests,
             self.max_details,
             self.max_conversations,
@@ -261,7 +258,7 @@ class RedisLedger:
         if not found:
             return None
         item, detail = found
-        return {**_summary(item), "detail": unpack_detail(detail)}
+        return {**_summary(item), "detail": unpack(detail)}
 
 
 def _prefix(namespace: str) -> str:
@@ -312,5 +309,5 @@ def _row(fields: Iterable[tuple[bytes, bytes]]) -> dict[str, Any]:
 
 def _summary(item: bytes) -> dict[str, Any]:
     """An entry's summary from its log item (``<request id>\\n<JSON, zlib-compressed>``)."""
-    summary: dict[str, Any] = orjson.loads(zlib.decompress(item.partition(b"\n")[2]))
+    summary: dict[str, Any] = unpack(item.partition(b"\n")[2])
     return summary
