@@ -89,6 +89,8 @@ fuzz-deep: install-dev
 		--hypothesis-show-statistics
 
 bench: install-dev
+	$(BIN)/python -m bench.startup
+	$(BIN)/python -m bench.footprint
 	$(BIN)/python -m bench.overhead
 	$(BIN)/python -m bench.overhead_responses
 	$(BIN)/python -m bench.compaction

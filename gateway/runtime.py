@@ -1,6 +1,6 @@
 """The process's parts, built once and held for its lifetime: the settings, the pipeline,
 the stores, the providers, the tenants and limits, the summary service, the metrics; warmed
-after start-up and closed at shutdown. Routes reach them through the application's state
+after start-up (``warm``) and closed at shutdown. Routes reach them through the application's state
 (``gateway.routes.calls.runtime_of``); below the routes each gets the parts it needs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import asyncio
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
-import httpx2
 
 from gateway.breaker import CircuitBreaker
 from gateway.config import Settings
@@ -30,6 +30,9 @@ from gateway.tenancy.auth import Caller
 from gateway.tenancy.limits import Limiter
 from gateway.tenancy.tenants import Tenants
 from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = ["Gateway"]
 
@@ -58,6 +61,7 @@ class Gateway:
     ledger: LedgerWriter | None = None
     """Writes each request's ledger entry (``None`` with the inspector off)."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
+    _warming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.metrics.watch(self.stores, self.summaries, self.shedder)
@@ -152,17 +156,43 @@ class Gateway:
             ),
         )
 
-    def warm(self) -> None:
-        """Load the token encodings now rather than on the first request, then move
-        everything built at start-up out of the garbage collector's view, so collections
-        triggered by large request bodies do not rescan it."""
-        for encoding in ("o200k_base", "cl100k_base"):
-            self.pipeline.counter(encoding)
+    def start(self) -> None:
+        """At start-up, before the port opens: move everything built so far out of the
+        garbage collector's view (collections triggered by large request bodies do not
+        rescan it) and start the shedder's probe. What only some requests need is loaded
+        later (``warm``)."""
         gc.collect()
         gc.freeze()
         self.shedder.start()
 
+    def warm(self) -> None:
+        """Right after the port opens, in the background: load what the first requests
+        would otherwise wait for, so that the first costs about what a warm one does (the
+        o200k_base encoding, which counts every OpenAI-family model's tokens; the Anthropic
+        SDK where an Anthropic key is configured, else at the first Claude request;
+        cl100k_base, for older models only, at its first use). The loading runs in worker
+        threads, so requests are served meanwhile, each waiting only for what it needs."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    @property
+    def warmed(self) -> bool:
+        """Whether ``warm`` has loaded what it loads."""
+        return self._warming is not None and self._warming.done()
+
+    async def _warm(self) -> None:
+        await asyncio.to_thread(self.pipeline.counter("o200k_base").load)
+        if self.settings.anthropic.enabled and (
+            self.settings.anthropic.api_key is not None
+            or any(tenant.anthropic_api_key for tenant in self.settings.tenants)
+        ):
+            await self.anthropic.load()
+        gc.collect()
+        gc.freeze()
+
     async def aclose(self) -> None:
+        if self._warming is not None:
+            self._warming.cancel()
         self.shedder.stop()
         await self.summaries.aclose()
         if self.ledger is not None:

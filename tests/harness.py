@@ -43,7 +43,14 @@ class GatewayServer:
             served, log_level="warning", lifespan="on", ws_max_size=settings.max_body_bytes
         )
         gateway = self.app.state.gateway
-        self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
+        self._server = DrainingServer(
+            config,
+            gateway.draining,
+            min(settings.shutdown_grace, 2),
+            warm=lambda: self.warmed.append(self._server.started) or gateway.warm(),
+        )
+        self.warmed: list[bool] = []
+        """Whether the server had started (its port open) each time it warmed the gateway."""
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -214,10 +221,18 @@ class ServeProcess:
         return f"{self.url}/v1"
 
     def __enter__(self) -> ServeProcess:
+        """Once it listens and has warmed (``/readyz`` says ``"warm": true``): the warm-up
+        loads the encoding in the background, which a test that reads the process's memory
+        or times its requests would otherwise measure."""
         deadline = time.monotonic() + self.ready_within
         while True:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(
+                        b"GET /readyz HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n"
+                    )
+                    answer = b"".join(iter(lambda: sock.recv(4096), b""))
+                if b'"warm":true' in answer:
                     return self
             except OSError:
                 pass

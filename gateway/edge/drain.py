@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final
 
@@ -218,18 +218,21 @@ class DrainingServer(uvicorn.Server):
         draining: Draining,
         grace: float,
         shedder: Shedder | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
+        """``warm``: called once the port is open (``Gateway.warm``)."""
         config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
         super().__init__(config)
         self._draining = draining
         self._grace = grace
         self._shedder = shedder
+        self._warm = warm
         self._accept: EagerAccept | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up; then every waiting connection is taken in at once
-        (``gateway.edge.accept``) and the shedder reports the accept queue
-        (``gateway.edge.overload``)."""
+        (``gateway.edge.accept``), the shedder reports the accept queue
+        (``gateway.edge.overload``) and what is loaded lazily is warmed."""
         await super().startup(sockets)
         listening = [sock for server in self.servers for sock in server.sockets]
         config = self.config
@@ -246,6 +249,8 @@ class DrainingServer(uvicorn.Server):
         self._accept = EagerAccept(listening, protocol, config.ssl)
         if self._shedder is not None:
             self._shedder.listen_on(listening)
+        if self._warm is not None and not self.should_exit:
+            self._warm()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._draining.begin(self._grace)

@@ -2,22 +2,26 @@
 only. What goes in and comes out is Anthropic's own bytes (``send_messages``,
 ``count_tokens``); translating them for another API is the codecs' (``gateway.codecs``).
 
-The SDK client is made once (its own HTTP pool, the upstream timeouts, ``max_retries=0``:
-retries are the caller's, as with any upstream, so they never multiply) and copied per
-request with the caller's key (``Authorization: Bearer`` or ``x-api-key``, or the tenant's
-upstream key). The client's headers go along (``anthropic-version``, ``anthropic-beta``,
-``user-agent``, ...), but for those the SDK sets for its own call (``_OWN``). An error
-status comes back as Anthropic answered it, with its headers less those of its transfer;
-a transport failure is the gateway's own error (a timeout 504, else 502), and once a
-stream has begun ``UpstreamStreamBroken``.
+The SDK client is made once, when the first request goes to Anthropic (importing the SDK
+takes a second and some 60 MB, which a gateway serving only OpenAI-compatible models never
+pays; ``load`` does it off the event loop, and the gateway calls it in the background after
+start-up when an Anthropic key is configured: ``Gateway.warm``), with its own HTTP pool,
+the upstream timeouts and ``max_retries=0`` (retries are the caller's, as with any
+upstream, so they never multiply), and it is copied per request with the caller's key
+(``Authorization: Bearer`` or ``x-api-key``, or the tenant's upstream key). The client's
+headers go along (``anthropic-version``, ``anthropic-beta``, ``user-agent``, ...), but
+for those the SDK sets for its own call (``_OWN``). An error status comes back as
+Anthropic answered it, with its headers less those of its transfer; a transport failure is
+the gateway's own error (a timeout 504, else 502), and once a stream has begun
+``UpstreamStreamBroken``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import anthropic
 import httpx
 import httpx2
 
@@ -29,6 +33,9 @@ from gateway.errors import (
 )
 from gateway.providers.openai import ResponseReading, redacted
 from gateway.telemetry.tracing import traced_sdk_transport
+
+if TYPE_CHECKING:
+    import anthropic
 
 __all__ = ["AnthropicUpstream"]
 
@@ -42,7 +49,7 @@ retry count and timeout). The client's other headers go along (``anthropic-versi
 
 
 class AnthropicUpstream(ResponseReading):
-    __slots__ = ("_client", "settings")
+    __slots__ = ("_client", "_loading", "_transport", "base_url", "settings")
 
     provider: Final = "anthropic"
 
@@ -57,6 +64,31 @@ class AnthropicUpstream(ResponseReading):
         retries; a test's ``httpx2.MockTransport``)."""
         self.settings = upstream
         """The upstream limits that apply here too (error body size, timeouts, pool)."""
+        self.base_url = settings.base_url
+        self._transport = transport
+        self._client: anthropic.AsyncAnthropic | None = None
+        self._loading: asyncio.Lock | None = None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the SDK's client is made yet."""
+        return self._client is not None
+
+    async def load(self) -> anthropic.AsyncAnthropic:
+        """The SDK's client, made at the first call, once (callers wait on one lock), in a
+        worker thread (the SDK's import, its HTTP pool's TLS context), so the event loop
+        serves other requests meanwhile."""
+        if self._client is None:
+            self._loading = self._loading or asyncio.Lock()
+            async with self._loading:
+                if self._client is None:
+                    self._client = await asyncio.to_thread(self._made)
+        return self._client
+
+    def _made(self) -> anthropic.AsyncAnthropic:
+        import anthropic
+
+        upstream = self.settings
         timeout = httpx2.Timeout(
             connect=upstream.connect_timeout,
             read=upstream.read_timeout,
@@ -73,14 +105,14 @@ class AnthropicUpstream(ResponseReading):
             timeout=timeout,
             limits=limits,
             transport=traced_sdk_transport(
-                transport or httpx2.AsyncHTTPTransport(limits=limits, retries=0)
+                self._transport or httpx2.AsyncHTTPTransport(limits=limits, retries=0)
             ),
             follow_redirects=False,
             trust_env=False,
         )
-        self._client = anthropic.AsyncAnthropic(
+        return anthropic.AsyncAnthropic(
             api_key="unset",
-            base_url=settings.base_url,
+            base_url=self.base_url,
             max_retries=0,
             timeout=timeout,
             http_client=http,
@@ -99,7 +131,9 @@ class AnthropicUpstream(ResponseReading):
         self, path: str, content: bytes, headers: Mapping[str, str], *, stream: bool
     ) -> httpx.Response:
         key = _key(headers)
-        client = self._client.with_options(api_key=key)
+        client = (await self.load()).with_options(api_key=key)
+        import anthropic  # loaded by ``load``: a lookup now
+
         extra = {
             name: value
             for name, value in headers.items()
@@ -129,7 +163,8 @@ class AnthropicUpstream(ResponseReading):
         )
 
     async def aclose(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 def _key(headers: Mapping[str, str]) -> str:

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Final
+from typing import Any
 
 import orjson
-from anthropic.types import MessageCountTokensParams as CountTokensParams
-from anthropic.types.beta import MessageCountTokensParams as BetaCountTokensParams
 from litestar import Request, post
 from litestar.response.base import ASGIResponse
 
@@ -42,6 +40,7 @@ from gateway.codecs.chat_anthropic import (
     with_beta,
 )
 from gateway.codecs.messages import parse_request, to_request
+from gateway.codecs.messages.sdk_tables import COUNTED
 from gateway.codecs.messages_openai import (
     EventTranslator,
     error_from_openai,
@@ -63,16 +62,6 @@ from gateway.routes.answers import Translation, reporting_edits, respond
 from gateway.routes.calls import received
 
 __all__ = ["count_tokens", "messages"]
-
-_COUNTED: Final = (
-    CountTokensParams.__required_keys__
-    | CountTokensParams.__optional_keys__
-    | BetaCountTokensParams.__required_keys__
-    | BetaCountTokensParams.__optional_keys__
-) - {"betas"}
-"""The fields Anthropic's ``count_tokens`` takes (it refuses the rest), beta ones included,
-as the installed SDK defines them: a field that changes the count (``context_management``,
-a top-level ``cache_control``, ...) is not dropped. The SDK sends ``betas`` as a header."""
 
 
 @post("/v1/messages", status_code=200)
@@ -153,7 +142,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> ASGIResponse:
     if gateway.pipeline.catalog.lookup(model).thinking_bound and chat.rewritten:
         native, headers = _unbound(native, headers, chat)
     messages = to_request(chat.result.request, native, default_max_tokens=1)
-    counted = {k: v for k, v in messages.items() if k in _COUNTED}
+    counted = {k: v for k, v in messages.items() if k in COUNTED}
     response = await anthropic.count_tokens(orjson.dumps(counted), headers)
     return buffered_response(response, await anthropic.read_body(response), ours)
 

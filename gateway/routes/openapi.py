@@ -468,11 +468,12 @@ _OPERATIONS: Final[dict[tuple[str, str], dict[str, Any]]] = {
                     _JSON: {
                         "schema": {
                             "type": "object",
-                            "required": ["status", "store", "store_failures"],
+                            "required": ["status", "store", "store_failures", "warm"],
                             "properties": {
                                 "status": {"enum": ["ready", "degraded"]},
                                 "store": {"enum": ["memory", "redis", "redis-unreachable"]},
                                 "store_failures": {"type": "integer", "minimum": 0},
+                                "warm": {"type": "boolean"},
                             },
                         }
                     }

@@ -50,7 +50,8 @@ from typing import Any, Final
 
 from gateway.breaker import CircuitBreaker
 from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack, unpack
-from gateway.store.redis import RedisBackend, namespace_id
+from gateway.store.redis import RedisBackend
+from gateway.store.stores import namespace_id
 from pipelines import StoreError
 
 __all__ = ["RedisLedger"]

@@ -40,13 +40,11 @@ whatever the gateway did.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import time
 import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
 from redis.exceptions import RedisClusterException, RedisError
@@ -55,12 +53,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.breaker import CircuitBreaker
 from gateway.config import StoreSettings
 from gateway.store.refs import make_ref
+from gateway.store.stores import REQUEST_FAILURES, namespace_id
 from gateway.store.topologies import RedisClient, RedisTopology, connect
 from gateway.telemetry.tracing import trace_redis
 from pipelines import ConversationState, StoreError
 
 __all__ = [
-    "REQUEST_FAILURES",
     "RedisBackend",
     "RedisConversations",
     "RedisStore",
@@ -77,11 +75,6 @@ _KNOWN_FOR: Final = 3_600.0
 _RAW, _ZLIB = b"r", b"z"
 _KNOWN_REFS: Final = 65_536
 _RECORD_TTL: Final = 86_400
-REQUEST_FAILURES: ContextVar[list[int] | None] = ContextVar(
-    "contextgate_store_request_failures", default=None
-)
-"""A one-item list counting the store operations that failed while serving the current
-request, set per request by ``gateway.edge.access`` (``None`` outside a request)."""
 _UNLOCK: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -260,11 +253,6 @@ class RedisBackend:
 
     async def aclose(self) -> None:
         await self._connected.aclose()
-
-
-def namespace_id(namespace: str) -> str:
-    """A short, fixed-length form of a namespace for keys."""
-    return hashlib.blake2b(namespace.encode(), digest_size=12).hexdigest()
 
 
 class RedisStore:

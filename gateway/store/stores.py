@@ -1,7 +1,8 @@
 """The gateway's stores, whichever backend: objects, conversation records, the ledger,
 namespaces.
 
-``Stores.build`` picks Redis when ``redis_url`` is set, else memory. Namespaces keep
+``Stores.build`` picks Redis when ``redis_url`` is set (and only then imports its client),
+else memory. Namespaces keep
 callers apart: in passthrough mode a caller's namespace is a keyed hash (HMAC under the
 store's secret) of the upstream key it sends, so a ref written for one key is not found
 with another, and neither the key nor a public hash of it is ever stored.
@@ -15,18 +16,20 @@ import hmac
 import secrets
 import time
 from collections.abc import Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from gateway.config import Settings
 from gateway.store.conversations import ConversationRecords, MemoryConversations
 from gateway.store.ledger import Ledger, MemoryLedger
-from gateway.store.ledger_redis import RedisLedger
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
 from pipelines import ConversationState, OffloadStore, StoreError
 
-__all__ = ["ANONYMOUS", "UNRESOLVED", "Deadlined", "Stores"]
+if TYPE_CHECKING:
+    from gateway.store.redis import RedisBackend
+
+__all__ = ["ANONYMOUS", "REQUEST_FAILURES", "UNRESOLVED", "Deadlined", "Stores", "namespace_id"]
 
 T = TypeVar("T")
 
@@ -35,6 +38,16 @@ ANONYMOUS: Final = "anonymous"
 UNRESOLVED: Final = "unresolved"
 """The namespace while the shared secret cannot be read: nothing is stored under it, as
 the store that holds the secret is the one that is down."""
+REQUEST_FAILURES: ContextVar[list[int] | None] = ContextVar(
+    "contextgate_store_request_failures", default=None
+)
+"""A one-item list counting the store operations that failed while serving the current
+request, set per request by ``gateway.edge.access`` (``None`` outside a request)."""
+
+
+def namespace_id(namespace: str) -> str:
+    """A short, fixed-length form of a namespace for keys."""
+    return hashlib.blake2b(namespace.encode(), digest_size=12).hexdigest()
 
 
 class _Guarded:
@@ -154,6 +167,10 @@ class Stores:
             "ttl": inspector.ttl,
         }
         if settings.redis_url:
+            # Imported here: the Redis client is some 10 MB a memory-only gateway never needs.
+            from gateway.store.ledger_redis import RedisLedger
+            from gateway.store.redis import RedisBackend, RedisConversations, RedisStore
+
             backend = RedisBackend(settings.redis_url, store)
             return cls(
                 _Guarded(RedisStore(backend)),

@@ -21,13 +21,15 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway.config import LimitSettings
 from gateway.errors import RateLimited
-from gateway.store.redis import RedisBackend
 from gateway.telemetry.metrics import Metrics
 from pipelines import StoreError
+
+if TYPE_CHECKING:
+    from gateway.store.redis import RedisBackend
 
 __all__ = ["LEASE_SECONDS", "Lease", "Limiter"]
 

@@ -3,6 +3,8 @@ which key and headers."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from dataclasses import replace
 
 import pytest
@@ -13,6 +15,7 @@ from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import Upstream
 from gateway.runtime import Gateway
 from gateway.tenancy.auth import Caller
+from tests.harness import GatewayServer
 
 CLIENT = {
     "authorization": "Bearer sk-caller-0001",
@@ -82,3 +85,43 @@ async def test_a_tenants_keys_replace_the_callers_and_claude_needs_one() -> None
         assert sent["authorization"] == "Bearer sk-ant-blue-0001"
     finally:
         await gateway.aclose()
+
+
+async def test_warming_loads_the_encoding_and_the_sdk_only_where_an_anthropic_key_is_set() -> None:
+    # Nothing is loaded when the parts are built (the port opens first); ``warm`` loads,
+    # in the background, what the first requests would otherwise wait for.
+    for settings, sdk in (
+        ({}, False),
+        ({"anthropic": AnthropicSettings(api_key="sk-ant-operator")}, True),
+        ({"anthropic": AnthropicSettings(api_key="sk-ant-operator", enabled=False)}, False),
+    ):
+        gateway = build(**settings)
+        try:
+            counter = gateway.pipeline.counter("o200k_base")
+            assert not gateway.anthropic.loaded
+            gateway.warm()
+            gateway.warm()  # once
+            assert gateway._warming is not None
+            await gateway._warming
+            assert counter.loaded
+            assert counter.count_text("hello world") == 2
+            assert gateway.anthropic.loaded is sdk
+        finally:
+            await gateway.aclose()
+
+
+async def test_the_sdk_is_loaded_once_by_concurrent_first_requests() -> None:
+    gateway = build()
+    try:
+        first = await asyncio.gather(*(gateway.anthropic.load() for _ in range(5)))
+        assert all(client is first[0] for client in first)
+    finally:
+        await gateway.aclose()
+
+
+def test_the_server_warms_the_gateway_once_its_port_is_open() -> None:
+    settings = Settings()
+    with GatewayServer(settings) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass
+        assert server.warmed == [True]

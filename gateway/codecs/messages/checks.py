@@ -2,7 +2,8 @@
 
 The checks mirror the Messages API's for what the codec reads, and what they accept is read
 from the installed ``anthropic`` SDK's request types (its ``MessageParam`` and
-``BetaMessageParam`` unions and the block types in them), so that a role, block or field
+``BetaMessageParam`` unions and the block types in them, written out in ``sdk_tables.py``
+by ``derive.py`` so that the SDK is not imported for them), so that a role, block or field
 the SDK has learnt is not refused here: the body is a JSON object; ``model`` a non-empty
 string; ``max_tokens`` an integer of at least 1 (required, as the API requires it);
 ``messages`` a non-empty array of turns of a role the SDK names (``user``, ``assistant``,
@@ -25,150 +26,25 @@ Errors are ``InvalidRequest`` with the codes of ``codecs/openai.py`` (``invalid_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from os import PathLike
-from typing import IO, Any, Final, Literal, Required, Union, get_args, get_origin, get_type_hints
+from typing import Any, Final
 
-import anthropic.types as sdk
-import anthropic.types.beta as beta
 import orjson
-from typing_extensions import is_typeddict
 
 from gateway.codecs.chat_anthropic import OPENAI_PARTS
 from gateway.codecs.json_body import json_object, shown, type_error
+from gateway.codecs.messages.sdk_tables import (
+    BLOCK_FIELDS,
+    CUSTOM_TOOL,
+    ROLES,
+    SOURCE_FIELDS,
+    SYSTEM_BLOCKS,
+    THINKING_KINDS,
+    TURN_BLOCKS,
+)
 from gateway.errors import InvalidRequest
 
 __all__ = ["ROLES", "THINKING_KINDS", "TURN_BLOCKS", "checked_body"]
 
-_Fields = tuple[tuple[str, type], ...]
-
-
-def _union(annotation: Any) -> tuple[Any, ...]:
-    """The members of a union (an ``Iterable[...]``'s items, ``Optional`` unwrapped)."""
-    origin = get_origin(annotation)
-    if origin is Union:
-        return tuple(m for arg in get_args(annotation) for m in _union(arg))
-    if (
-        origin is not None
-        and origin is not Literal
-        and issubclass(origin, Iterable)
-        and not (issubclass(origin, Mapping))
-    ):
-        return tuple(m for arg in get_args(annotation) for m in _union(arg))
-    return (annotation,)
-
-
-def _runtime_type(annotation: Any) -> type | None:
-    """The JSON type a field annotated ``annotation`` must have: ``str`` for strings and
-    string literals, ``dict`` for objects (a ``TypedDict``, a ``Dict``, a union of them),
-    ``bool``; ``None`` for anything else (not checked here)."""
-    origin = get_origin(annotation)
-    if annotation is str or (
-        origin is Literal and all(isinstance(a, str) for a in get_args(annotation))
-    ):
-        return str
-    if annotation is bool:
-        return bool
-    # Files the SDK would read and send as base64 are strings on the wire.
-    members = (
-        [m for m in _union(annotation) if not _is_file(m)] if origin is Union else [annotation]
-    )
-    if members == [str]:
-        return str
-    if members and all(_is_object(m) for m in members):
-        return dict
-    return None
-
-
-def _is_file(annotation: Any) -> bool:
-    return get_origin(annotation) is IO or annotation is PathLike
-
-
-def _is_object(annotation: Any) -> bool:
-    origin = get_origin(annotation) or annotation
-    return isinstance(origin, type) and (issubclass(origin, dict) or issubclass(origin, Mapping))
-
-
-def _required(typed: Any) -> dict[str, Any]:
-    """The fields ``typed`` (an SDK ``TypedDict``) requires, with their annotations."""
-    hints = get_type_hints(typed, include_extras=True)
-    return {name: get_args(hint)[0] for name, hint in hints.items() if get_origin(hint) is Required}
-
-
-def _kind(typed: Any) -> str | None:
-    """The ``type`` literal of a block ``TypedDict``, if it has one."""
-    hint = get_type_hints(typed).get("type")
-    values = get_args(hint) if get_origin(hint) is Literal else ()
-    return values[0] if len(values) == 1 and isinstance(values[0], str) else None
-
-
-def _fields(typed: Any) -> _Fields:
-    """The required fields of ``typed`` whose JSON type can be told, but ``type``."""
-    found = ((name, _runtime_type(hint)) for name, hint in _required(typed).items())
-    return tuple((name, kind) for name, kind in found if kind is not None and name != "type")
-
-
-def _roles(*unions: Any) -> frozenset[str]:
-    roles: set[str] = set()
-    for union in unions:
-        for member in get_args(union):
-            roles.update(get_args(get_type_hints(member)["role"]))
-    return frozenset(roles)
-
-
-def _blocks(*annotations: Any) -> dict[str, Any]:
-    """Block kind -> its ``TypedDict``, for the block types in ``annotations`` (content
-    unions)."""
-    found: dict[str, Any] = {}
-    for annotation in annotations:
-        for member in _union(annotation):
-            kind = _kind(member) if is_typeddict(member) else None
-            if kind is not None:
-                found.setdefault(kind, member)
-    return found
-
-
-ROLES: Final = _roles(sdk.MessageParam, beta.BetaMessageParam)
-"""The roles of ``messages`` the installed SDK knows."""
-_CONVERTED: Final = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
-"""The block kinds the codec converts, whose fields are checked."""
-_CONTENT: Final = _blocks(
-    get_type_hints(sdk.UserMessageParam)["content"],
-    get_type_hints(beta.BetaUserMessageParam)["content"],
-)
-_BLOCK_FIELDS: Final[dict[str, _Fields]] = {
-    kind: _fields(_CONTENT[kind]) for kind in _CONVERTED if kind in _CONTENT
-}
-"""The fields the SDK requires of a block of each kind the codec converts, with their
-types (other fields, and other kinds of block, are the API's to check)."""
-_SOURCE_FIELDS: Final[dict[Any, _Fields]] = {
-    _kind(source): _fields(source)
-    for source in _union(_required(sdk.ImageBlockParam)["source"])
-    if _kind(source) in ("base64", "url")
-}
-_SYSTEM_BLOCKS: Final = frozenset(
-    _blocks(
-        get_type_hints(sdk.message_create_params.MessageCreateParamsBase)["system"],
-        get_type_hints(beta.message_create_params.MessageCreateParamsBase)["system"],
-    )
-)
-"""The block kinds the top-level ``system`` takes."""
-TURN_BLOCKS: Final[dict[str, _Fields]] = {
-    kind: _fields(typed)
-    for kind, typed in _blocks(
-        get_type_hints(sdk.SystemMessageParam)["content"],
-        get_type_hints(beta.BetaSystemMessageParam)["content"],
-    ).items()
-}
-"""The block kinds a mid-conversation system message takes, with their required fields."""
-THINKING_KINDS: Final = frozenset(
-    _blocks(
-        get_type_hints(sdk.message_create_params.MessageCreateParamsBase)["thinking"],
-        get_type_hints(beta.message_create_params.MessageCreateParamsBase)["thinking"],
-    )
-)
-"""The kinds of ``thinking`` setting the SDK knows (``enabled``, ``disabled``, ``adaptive``)."""
-_CUSTOM_TOOL: Final[_Fields] = _fields(sdk.ToolParam)
 _NAMES: Final[dict[type, str]] = {str: "a string", dict: "an object", bool: "a boolean"}
 _MAX_NESTING: Final = 255
 
@@ -261,8 +137,8 @@ def _check_system(system: Any) -> None:
         raise type_error("system", "a string or an array of text blocks", system)
     for index, block in enumerate(system):
         _check_block(block, f"system.{index}")
-        if block["type"] not in _SYSTEM_BLOCKS:
-            kinds = ", ".join(repr(kind) for kind in sorted(_SYSTEM_BLOCKS))
+        if block["type"] not in SYSTEM_BLOCKS:
+            kinds = ", ".join(repr(kind) for kind in sorted(SYSTEM_BLOCKS))
             raise _value_error(f"system.{index}.type", kinds, block["type"])
 
 
@@ -275,7 +151,7 @@ def _check_tools(tools: Any) -> None:
         if not isinstance(tool, dict):
             raise type_error(f"tools.{index}", "an object", tool)
         if tool.get("type", "custom") == "custom":
-            _check_fields(tool, f"tools.{index}", _CUSTOM_TOOL)
+            _check_fields(tool, f"tools.{index}", CUSTOM_TOOL)
 
 
 def _check_content(content: Any, param: str) -> None:
@@ -295,13 +171,13 @@ def _check_block(block: Any, param: str) -> None:
     if kind in OPENAI_PARTS and kind != "text":
         # The chat form tells OpenAI parts from Anthropic blocks by their type.
         raise _value_error(f"{param}.type", "a Messages content block type", kind)
-    _check_fields(block, param, _BLOCK_FIELDS.get(kind, ()))
+    _check_fields(block, param, BLOCK_FIELDS.get(kind, ()))
     if kind == "image":
         source = block["source"]
         kind = source.get("type")
         if kind is not None:  # an object or array here is unhashable: refused, not looked up
             _check_fields(source, f"{param}.source", (("type", str),))
-        _check_fields(source, f"{param}.source", _SOURCE_FIELDS.get(kind, ()))
+        _check_fields(source, f"{param}.source", SOURCE_FIELDS.get(kind, ()))
     elif kind == "tool_result":
         if block.get("content") is not None:
             _check_content(block["content"], f"{param}.content")
@@ -309,7 +185,7 @@ def _check_block(block: Any, param: str) -> None:
             _check_fields(block, param, (("is_error", bool),))
 
 
-def _check_fields(value: dict[str, Any], param: str, fields: _Fields) -> None:
+def _check_fields(value: dict[str, Any], param: str, fields: tuple[tuple[str, type], ...]) -> None:
     for name, kind in fields:
         if not isinstance(value.get(name), kind):
             raise type_error(f"{param}.{name}", _NAMES[kind], value.get(name))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from gateway.config import Settings, UpstreamSettings
@@ -47,5 +49,15 @@ def test_readyz_degraded_when_redis_is_down(upstream: MockUpstream) -> None:
 def test_readyz_without_redis(upstream: MockUpstream) -> None:
     """With no Redis configured the store is in memory and the gateway is ready."""
     with GatewayServer(Settings(upstream=UpstreamSettings(base_url=upstream.base_url))) as server:
-        response = httpx.get(f"{server.url}/readyz")
-    assert response.json() == {"status": "ready", "store": "memory", "store_failures": 0}
+        # Ready at once; warm once the encoding has loaded in the background.
+        deadline = time.monotonic() + 30
+        while not (response := httpx.get(f"{server.url}/readyz")).json()["warm"]:
+            assert response.json()["status"] == "ready"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert response.json() == {
+        "status": "ready",
+        "store": "memory",
+        "store_failures": 0,
+        "warm": True,
+    }
