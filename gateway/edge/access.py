@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanContext
 from gateway.context.ledger import LedgerWriter
 from gateway.context.record import RECORD, RequestRecord, new_request_id
 from gateway.http.headers import summary_header, summary_path
-from gateway.store.stores import REQUEST_FAILURES
+from gateway.store.shared import REQUEST_FAILURES
 from gateway.telemetry.metrics import TOKEN_KINDS, Metrics, ModelLabels, usage_counts
 from pipelines import ModelCatalog
 

@@ -26,7 +26,7 @@ from gateway.edge.overload import Shedder
 from gateway.errors import HeadersTooLarge
 from gateway.http.responses import send_error
 from gateway.store import Stores
-from gateway.store.stores import namespace_id
+from gateway.store.shared import namespace_id
 from gateway.tenancy.auth import identify
 from gateway.tenancy.limits import Limiter
 from gateway.tenancy.tenants import Tenants

@@ -83,7 +83,7 @@ from gateway.errors import (
 from gateway.http.forwarding import HOP_BY_HOP, upstream_request_headers
 from gateway.routes.responses import compacted, with_preferred
 from gateway.runtime import Gateway
-from gateway.store.stores import namespace_id
+from gateway.store.shared import namespace_id
 from gateway.tenancy.auth import Caller, identify
 from gateway.tenancy.limits import Lease
 

@@ -51,7 +51,7 @@ from typing import Any, Final
 from gateway.breaker import CircuitBreaker
 from gateway.store.ledger import LedgerEntry, LedgerPage, Totals, pack, unpack
 from gateway.store.redis import RedisBackend
-from gateway.store.stores import namespace_id
+from gateway.store.shared import namespace_id
 from pipelines import StoreError
 
 __all__ = ["RedisLedger"]

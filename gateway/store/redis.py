@@ -53,7 +53,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.breaker import CircuitBreaker
 from gateway.config import StoreSettings
 from gateway.store.refs import make_ref
-from gateway.store.stores import REQUEST_FAILURES, namespace_id
+from gateway.store.shared import REQUEST_FAILURES, namespace_id
 from gateway.store.topologies import RedisClient, RedisTopology, connect
 from gateway.telemetry.tracing import trace_redis
 from pipelines import ConversationState, StoreError

@@ -16,7 +16,6 @@ import hmac
 import secrets
 import time
 from collections.abc import Coroutine
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -29,7 +28,7 @@ from pipelines import ConversationState, OffloadStore, StoreError
 if TYPE_CHECKING:
     from gateway.store.redis import RedisBackend
 
-__all__ = ["ANONYMOUS", "REQUEST_FAILURES", "UNRESOLVED", "Deadlined", "Stores", "namespace_id"]
+__all__ = ["ANONYMOUS", "UNRESOLVED", "Deadlined", "Stores"]
 
 T = TypeVar("T")
 
@@ -38,16 +37,6 @@ ANONYMOUS: Final = "anonymous"
 UNRESOLVED: Final = "unresolved"
 """The namespace while the shared secret cannot be read: nothing is stored under it, as
 the store that holds the secret is the one that is down."""
-REQUEST_FAILURES: ContextVar[list[int] | None] = ContextVar(
-    "contextgate_store_request_failures", default=None
-)
-"""A one-item list counting the store operations that failed while serving the current
-request, set per request by ``gateway.edge.access`` (``None`` outside a request)."""
-
-
-def namespace_id(namespace: str) -> str:
-    """A short, fixed-length form of a namespace for keys."""
-    return hashlib.blake2b(namespace.encode(), digest_size=12).hexdigest()
 
 
 class _Guarded:

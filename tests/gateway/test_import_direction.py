@@ -29,6 +29,15 @@ RANKS: Final = {
     "cli": 13,
 }
 """Where each sub-package (or top-level module) stands: it may import those ranked lower."""
+LATE: Final = {
+    "gateway.store.stores -> gateway.store.redis",
+    "gateway.store.stores -> gateway.store.redis (in build)",
+    "gateway.store.stores -> gateway.store.ledger_redis (in build)",
+    "gateway.tenancy.limits -> gateway.store.redis",
+}
+"""Imports put off for memory, not to break a cycle (``gateway.store.redis`` imports
+nothing of ``stores`` or ``tenancy``): the Redis backends load the Redis client, which
+only a gateway with a Redis store loads; elsewhere they are named for type checkers."""
 
 
 def modules() -> Iterator[tuple[str, ast.Module]]:
@@ -77,7 +86,8 @@ def test_no_import_is_hidden_from_the_direction() -> None:
     """No module imports the gateway's modules under ``if TYPE_CHECKING:``, nor its own
     sub-package's inside a function: the marks of a cycle broken by hand. (A function may
     load a lower sub-package late: the command line loads the server only to serve. The
-    package's face, ``gateway/__init__.py``, names what it loads lazily for type checkers.)"""
+    package's face, ``gateway/__init__.py``, names what it loads lazily for type checkers,
+    and the Redis backends are loaded late, ``LATE``.)"""
     hidden = []
     for name, tree in modules():
         if name == "gateway":
@@ -94,4 +104,5 @@ def test_no_import_is_hidden_from_the_direction() -> None:
                             for m in gateway_imports(statement)
                             if name != "gateway" and part(m) == part(name)
                         ]
-    assert hidden == []
+    assert sorted(set(hidden) - LATE) == []
+    assert LATE <= set(hidden), "an import no longer put off: take it out of LATE"
