@@ -24,6 +24,7 @@ the warm-up."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import itertools
 import json
@@ -60,6 +61,9 @@ FDS_SLACK = 2 * CLIENTS + 8
 """Descriptors allowed over the baseline at the end: idle upstream and Redis connections
 the pools keep (one per client at most, each) and a few more."""
 TASKS_SLACK = 5
+READY_WITHIN = 120.0
+"""Seconds a gateway may take to start: more than elsewhere, as a soak runs beside other
+work on a shared host."""
 SHED_SHARE = 0.001
 """Requests the shedder may refuse (503 gateway_overloaded) although the traffic is far
 below capacity: on a shared host the process is sometimes stalled past
@@ -273,22 +277,29 @@ def variants(tmp_path_factory: pytest.TempPathFactory, sink: TraceSink) -> Itera
         base = f"upstream:\n  base_url: {upstream}\nsummaries: false\n"
         workdir = str(tmp_path_factory.mktemp("soak"))
         traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
-        with (
-            ServeProcess(
-                base,
-                workdir,
-                "--log-level",
-                "warning",
-                env={"CONTEXTGATE_TRACEMALLOC": f"{heap}.memory"} if heap else None,
-            ) as memory,
-            ServeProcess(
-                f"{base}redis_url: {redis.url}\n",
-                workdir,
-                "--log-level",
-                "warning",
-                env={**traced, "CONTEXTGATE_TRACEMALLOC": f"{heap}.redis"} if heap else traced,
-            ) as with_redis,
-        ):
+        # Both constructed first: each process starts as it is made, so they start side
+        # by side, then each is waited for.
+        memory = ServeProcess(
+            base,
+            workdir,
+            "--log-level",
+            "warning",
+            ready_within=READY_WITHIN,
+            env={"CONTEXTGATE_TRACEMALLOC": f"{heap}.memory"} if heap else None,
+        )
+        with_redis = ServeProcess(
+            f"{base}redis_url: {redis.url}\n",
+            workdir,
+            "--log-level",
+            "warning",
+            ready_within=READY_WITHIN,
+            env={**traced, "CONTEXTGATE_TRACEMALLOC": f"{heap}.redis"} if heap else traced,
+        )
+        with contextlib.ExitStack() as stack:
+            stack.callback(with_redis.stop)
+            stack.callback(memory.stop)
+            stack.enter_context(memory)
+            stack.enter_context(with_redis)
             yield [Variant("memory", memory), Variant("redis-traced", with_redis)]
 
 
