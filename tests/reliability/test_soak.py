@@ -61,6 +61,11 @@ FDS_SLACK = 2 * CLIENTS + 8
 """Descriptors allowed over the baseline at the end: idle upstream and Redis connections
 the pools keep (one per client at most, each) and a few more."""
 TASKS_SLACK = 5
+HEAP = os.environ.get("CONTEXTGATE_TRACEMALLOC")
+"""A path prefix: both gateways trace their heap (``gateway.telemetry.heap``)."""
+CLIENT_TIMEOUT = 300.0 if HEAP else 30.0
+"""Seconds a request may take: under tracemalloc, on a busy host, a 20K-token request
+took more than 30."""
 READY_WITHIN = 120.0
 """Seconds a gateway may take to start: more than elsewhere, as a soak runs beside other
 work on a shared host."""
@@ -201,7 +206,7 @@ class Variant:
 async def _traffic(variant: Variant, seconds: float) -> None:
     turn = itertools.count()
     deadline = time.monotonic() + seconds
-    async with httpx.AsyncClient(base_url=variant.server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=variant.server.url, timeout=CLIENT_TIMEOUT) as client:
 
         async def one_client() -> None:
             while time.monotonic() < deadline:
@@ -269,7 +274,7 @@ def variants(tmp_path_factory: pytest.TempPathFactory, sink: TraceSink) -> Itera
     """The two gateways, in front of one mock upstream process (streams paced at 20 ms an
     event, so some are in flight at every moment). ``CONTEXTGATE_TRACEMALLOC`` passes on to
     both (``gateway.telemetry.heap``), with the variant's name added to the prefix."""
-    heap = os.environ.get("CONTEXTGATE_TRACEMALLOC")
+    heap = HEAP
     with (
         redis_server() as redis,
         mock_upstream_process("--stream-interval", "0.02") as upstream,
