@@ -65,12 +65,15 @@ run: install
 test: install-dev $(HELM) $(CHROMIUM) $(CLAUDE) $(CODEX)
 	$(BIN)/python -m pytest
 
-# The reliability tests in their long form: a 30-minute soak (SOAK_SECONDS) and the long
-# overload and stream runs, which read CONTEXTGATE_RELIABILITY=long.
-SOAK_SECONDS ?= 1800
+# The reliability tests in their long form: a two-hour soak (SOAK_SECONDS) of two gateways
+# at once (in-memory store; Redis with tracing), and the long overload and stream runs,
+# which read CONTEXTGATE_RELIABILITY=long. The soak's RSS samples go to SOAK_CSV
+# (bench/soak_plot.py draws them).
+SOAK_SECONDS ?= 7200
+SOAK_CSV ?= soak-rss.csv
 soak: install-dev
 	CONTEXTGATE_RELIABILITY=long CONTEXTGATE_SOAK_SECONDS=$(SOAK_SECONDS) \
-		$(BIN)/python -m pytest -s tests/reliability
+		CONTEXTGATE_SOAK_CSV=$(SOAK_CSV) $(BIN)/python -m pytest -s tests/reliability
 
 lint: install-dev helm-lint
 	$(BIN)/ruff check gateway pipelines tests bench

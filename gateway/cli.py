@@ -71,6 +71,9 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.telemetry.heap import watch_heap
+
+    watch_heap()
     import uvicorn
 
     from gateway.app import create_app

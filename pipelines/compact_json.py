@@ -84,7 +84,7 @@ class JsonCompaction:
 
     __slots__ = ("_chars", "_kept", "chars", "entries")
 
-    def __init__(self, *, entries: int = 4_096, chars: int = 16_000_000) -> None:
+    def __init__(self, *, entries: int = 1_024, chars: int = 1_000_000) -> None:
         if entries < 1 or chars < 1:
             raise ValueError("entries and chars must be positive")
         self.entries, self.chars = entries, chars

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.trace import Tracer
 
@@ -28,7 +28,13 @@ from pipelines.stage import Stage, StageContext
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tokens import TokenCounter
 
-__all__ = ["CompactResult", "Pipeline", "compact"]
+__all__ = ["COUNTS_KEPT", "CompactResult", "Pipeline", "compact"]
+
+COUNTS_KEPT: Final = 10_000
+"""Messages whose token count (and prompt-cache fingerprint) a pipeline's counter keeps,
+per encoding: about 250 bytes each, 2.4 MiB full (just under a resize of the dicts' tables,
+which would double them); the histories of several long conversations at once, and a
+message that drops out is only counted again (docs/DEPLOY.md, "Sizing memory")."""
 
 log = logging.getLogger("contextgate.pipeline")
 
@@ -110,7 +116,7 @@ class Pipeline:
         """The shared, caching token counter for ``encoding``."""
         counter = self._counters.get(encoding)
         if counter is None:
-            counter = self._counters[encoding] = TokenCounter(encoding)
+            counter = self._counters[encoding] = TokenCounter(encoding, max_entries=COUNTS_KEPT)
         return counter
 
     async def compact(

@@ -46,7 +46,7 @@ def is_error(text: str) -> bool:
     return _is_error_head(text[:500])
 
 
-@lru_cache(maxsize=16_384)
+@lru_cache(maxsize=1_024)
 def _is_error_head(head: str) -> bool:
     # Cached: a resent history asks about the same tool results on every request.
     return bool(_ERROR_START.match(head) or _ERROR_EARLY.search(head))

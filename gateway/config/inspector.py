@@ -29,7 +29,7 @@ class InspectorSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     beside those that went up) is kept; older entries keep their summary only."""
     conversations_per_namespace: int = 1_000
     """Conversations kept per namespace, the least recently active dropped first."""
-    memory_max_bytes: int = 32 * 1024 * 1024
+    memory_max_bytes: int = 2 * 1024 * 1024
     """Bytes the in-memory ledger may hold in all (without Redis)."""
     ttl: int = 86_400
     """Seconds a conversation's ledger is kept after its last request."""

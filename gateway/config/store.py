@@ -38,8 +38,12 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seconds one store operation may take before the request goes on without it."""
     max_object_bytes: int = 16 * 1024 * 1024
     """Largest object stored; larger content stays where it is."""
-    memory_max_bytes: int = 256 * 1024 * 1024
-    """Bytes the in-memory store may hold."""
+    memory_max_bytes: int = 6 * 1024 * 1024
+    """Bytes the in-memory store may hold (without Redis); it also caps an object's size
+    there. docs/DEPLOY.md, "Sizing memory"."""
+    memory_records_bytes: int = 2 * 1024 * 1024
+    """Bytes the in-memory conversation records and prepared checkpoints may hold together
+    (without Redis): a record takes about 1 KB, a summarised one 10-30 KB."""
     breaker_failures: int = 3
     """Consecutive failures after which the store is not asked for ``breaker_cooldown``."""
     breaker_cooldown: float = 5.0
@@ -53,8 +57,10 @@ class StoreSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("store.timeout must be in (0, 30] seconds")
         if not 1_024 <= self.max_object_bytes <= 512 * 1024 * 1024:
             raise ConfigError("store.max_object_bytes must be between 1 KiB and 512 MiB")
-        if self.memory_max_bytes < self.max_object_bytes:
-            raise ConfigError("store.memory_max_bytes must be at least max_object_bytes")
+        if self.memory_max_bytes < 1_024 or self.memory_records_bytes < 1_024:
+            raise ConfigError(
+                "store.memory_max_bytes and store.memory_records_bytes must be at least 1 KiB"
+            )
         if not 1 <= self.max_connections <= 10_000:
             raise ConfigError("store.max_connections must be between 1 and 10000")
         if self.breaker_failures < 1 or self.breaker_cooldown <= 0:

@@ -82,8 +82,8 @@ class MemoryConversations:
     def __init__(
         self,
         *,
-        max_records: int = 100_000,
-        max_bytes: int = 256 * 1024 * 1024,
+        max_records: int = 10_000,
+        max_bytes: int = 2 * 1024 * 1024,
         ttl: float = 86_400.0,
     ) -> None:
         self.max_records, self.max_bytes, self.ttl = max_records, max_bytes, ttl

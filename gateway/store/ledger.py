@@ -161,7 +161,7 @@ class MemoryLedger:
         max_requests: int = 200,
         max_details: int = 5,
         max_conversations: int = 1_000,
-        max_bytes: int = 32 * 1024 * 1024,
+        max_bytes: int = 2 * 1024 * 1024,
         ttl: float = 86_400.0,
         clock: Any = time.monotonic,
     ) -> None:

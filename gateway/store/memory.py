@@ -44,8 +44,8 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        max_bytes: int = 256 * 1024 * 1024,
-        max_object_bytes: int = 16 * 1024 * 1024,
+        max_bytes: int = 6 * 1024 * 1024,
+        max_object_bytes: int = 6 * 1024 * 1024,
         compress_over: int = 10_240,
         secret: bytes | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -73,7 +73,7 @@ _CONFIRMED_FOR: Final = 2.0
 request's worth (each request confirms it with its conversation record's read)."""
 _KNOWN_FOR: Final = 3_600.0
 _RAW, _ZLIB = b"r", b"z"
-_KNOWN_REFS: Final = 65_536
+_KNOWN_REFS: Final = 8_192
 _RECORD_TTL: Final = 86_400
 _UNLOCK: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

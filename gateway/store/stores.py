@@ -171,11 +171,12 @@ class Stores:
         secret = store.secret.encode() if store.secret else secrets.token_bytes(32)
         objects = MemoryStore(
             max_bytes=store.memory_max_bytes,
-            max_object_bytes=store.max_object_bytes,
+            max_object_bytes=min(store.max_object_bytes, store.memory_max_bytes),
             secret=secret,
         )
         ledger = MemoryLedger(max_bytes=inspector.memory_max_bytes, **bounds)
-        return cls(objects, MemoryConversations(), ledger, None, secret)
+        records = MemoryConversations(max_bytes=store.memory_records_bytes)
+        return cls(objects, records, ledger, None, secret)
 
     def for_request(self) -> OffloadStore:
         """The objects store as one request's pipeline uses it: with Redis, all its

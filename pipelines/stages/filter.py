@@ -20,13 +20,13 @@ outputs compacted (``json_compacted``) and the tokens that saved (``json_tokens_
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipelines.compact_json import JsonCompaction
 from pipelines.conversation import Conversation
 from pipelines.errors import StoreError
+from pipelines.lru import Lru, text_bytes
 from pipelines.messages import Message, original_bytes
 from pipelines.preview import preview, text_digest
 from pipelines.stage import StageContext
@@ -34,6 +34,7 @@ from pipelines.stage import StageContext
 __all__ = ["Filter"]
 
 _PREVIEWS_KEPT: Final = 2_048
+_PREVIEWS_BYTES: Final = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,10 @@ class Filter:
     """Largest preview, in characters (about 750 tokens)."""
     _compaction: JsonCompaction = field(default_factory=JsonCompaction, repr=False, compare=False)
     """Compact JSON of the outputs seen: the same output gives the same bytes each turn."""
-    _previews: OrderedDict[tuple[bytes, int], str] = field(
-        default_factory=OrderedDict, repr=False, compare=False
+    _previews: Lru[tuple[bytes, int], str] = field(
+        default_factory=lambda: Lru(entries=_PREVIEWS_KEPT, max_bytes=_PREVIEWS_BYTES),
+        repr=False,
+        compare=False,
     )
     """Previews already made, by (digest, budget) of the output: a resent history
     repeats its large outputs on every request, and parsing them again is the cost."""
@@ -136,9 +139,8 @@ class Filter:
         key = (text_digest(text), budget)
         cached = self._previews.get(key)
         if cached is None:
-            cached = self._previews[key] = preview(text, budget)
-            if len(self._previews) > _PREVIEWS_KEPT:
-                self._previews.popitem(last=False)
+            cached = preview(text, budget)
+            self._previews.put(key, cached, text_bytes(cached) + len(key[0]))
         return cached
 
 

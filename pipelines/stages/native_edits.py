@@ -23,13 +23,13 @@ answer.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
 from pipelines.conversation import Conversation
+from pipelines.lru import Lru, text_bytes
 from pipelines.messages import Message, original_bytes
 from pipelines.native import CLEAR_THINKING, CLEAR_TOOL_USES, ClearThinking, ClearToolUses
 from pipelines.preview import text_digest
@@ -38,6 +38,7 @@ from pipelines.stage import REF_PATTERN, StageContext
 __all__ = ["NativeEdits", "cleared_placeholder"]
 
 _REFS_KEPT: Final = 4_096
+_REFS_BYTES: Final = 512 * 1024
 _SAMPLE_REF: Final = "ctx_FNHy43GQUKimepCWtDjuhAj3"
 """A ref as long as real ones, to count a placeholder before its content is stored."""
 _SAMPLE_INPUT: Final = '{"cleared_to_save_context":"ctx_FNHy43GQUKimepCWtDjuhAj3"}'
@@ -56,8 +57,10 @@ def cleared_placeholder(name: str, size: int, ref: str) -> str:
 @dataclass(frozen=True, slots=True)
 class NativeEdits:
     name: str = "native_edits"
-    _refs: OrderedDict[tuple[str, bytes], str] = field(
-        default_factory=OrderedDict, repr=False, compare=False
+    _refs: Lru[tuple[str, bytes], str] = field(
+        default_factory=lambda: Lru(entries=_REFS_KEPT, max_bytes=_REFS_BYTES),
+        repr=False,
+        compare=False,
     )
     """Refs of contents stored on earlier requests: the same results are cleared again on
     every request, and a ref still in the store is only renewed."""
@@ -158,14 +161,11 @@ class NativeEdits:
         key = (ctx.namespace, text_digest(content.decode(errors="replace")))
         ref = self._refs.get(key)
         if ref is not None and await ctx.confirmed(ref):
-            self._refs.move_to_end(key)
             return ref
         ref = await ctx.offload(content)
         if ref is None:
             return None
-        self._refs[key] = ref
-        if len(self._refs) > _REFS_KEPT:
-            self._refs.popitem(last=False)
+        self._refs.put(key, ref, text_bytes(ref) + text_bytes(key[0]) + len(key[1]))
         return ref
 
 

@@ -29,7 +29,6 @@ mechanisms moved each other's cuts, and the cost under cache pricing rose from 1
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -38,6 +37,7 @@ from typing import Any, Final
 import orjson
 
 from pipelines.conversation import Conversation
+from pipelines.lru import Lru, text_bytes
 from pipelines.messages import Message, original_bytes
 from pipelines.preview import text_digest, trim_json
 from pipelines.stage import REF_PATTERN, StageContext
@@ -46,7 +46,12 @@ __all__ = ["TtlPrune"]
 
 _JSON_START: Final = ("[", "{")
 _SHORTENED_KEPT: Final = 2_048
+_SHORTENED_BYTES: Final = 512 * 1024
 _REWRITES_KEPT: Final = 8_192
+_REWRITES_BYTES: Final = 512 * 1024
+_REWRITE_BYTES: Final = 640
+"""What a kept rewrite costs besides its content: the message's dict, its key tuple and
+the ref."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +66,17 @@ class TtlPrune:
     max_archives: int = 8
     max_bytes: int = 2 * 1024 * 1024
     max_ms: float = 200.0
-    _shortened: OrderedDict[bytes, str] = field(
-        default_factory=OrderedDict, repr=False, compare=False
+    _shortened: Lru[bytes, str] = field(
+        default_factory=lambda: Lru(entries=_SHORTENED_KEPT, max_bytes=_SHORTENED_BYTES),
+        repr=False,
+        compare=False,
     )
     """Trimmed texts already made: the same results are trimmed again on every request."""
-    _rewrites: OrderedDict[tuple[Any, ...], tuple[Message, str]] = field(
-        default_factory=OrderedDict, init=False, repr=False, compare=False
+    _rewrites: Lru[tuple[Any, ...], tuple[Message, str]] = field(
+        default_factory=lambda: Lru(entries=_REWRITES_KEPT, max_bytes=_REWRITES_BYTES),
+        init=False,
+        repr=False,
+        compare=False,
     )
     """Rewrites made on earlier requests, with the ref each names."""
 
@@ -202,10 +212,8 @@ class TtlPrune:
         found = REF_PATTERN.search(str(new.get("content", "")))
         if found is None:
             return
-        self._rewrites[key] = (new, found.group())
-        self._rewrites.move_to_end(key)
-        if len(self._rewrites) > _REWRITES_KEPT:
-            self._rewrites.popitem(last=False)
+        content = str(new.get("content", ""))
+        self._rewrites.put(key, (new, found.group()), text_bytes(content) + _REWRITE_BYTES)
 
     async def _archive(
         self, message: Message, whole: str, name: str, ctx: StageContext
@@ -230,9 +238,8 @@ class TtlPrune:
         key = text_digest(text)
         short = self._shortened.get(key)
         if short is None:
-            short = self._shortened[key] = self._shorten(text)
-            if len(self._shortened) > _SHORTENED_KEPT:
-                self._shortened.popitem(last=False)
+            short = self._shorten(text)
+            self._shortened.put(key, short, text_bytes(short) + len(key))
         return short
 
     def _shorten(self, text: str) -> str:

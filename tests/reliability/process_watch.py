@@ -74,7 +74,7 @@ def gauge(text: str, name: str) -> float:
 
 
 def sample(pid: int, url: str, at: float) -> Sample:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=60).text  # slow under tracemalloc
     return Sample(
         at=round(at, 1),
         rss_mib=round(rss_mib(pid), 1),

@@ -1,21 +1,39 @@
-"""Soak: mixed traffic against one ``contextgate serve`` process with Redis, for
-``CONTEXTGATE_SOAK_SECONDS`` (50 by default; ``make soak``: 30 minutes). Every 10 s (a
-sixth of a short run) the process's RSS, open descriptors, asyncio tasks and requests in
-flight are sampled; when the traffic stops, descriptors and tasks go back to where they
-were after the warm-up, and memory stops growing.
+"""Soak: mixed traffic against two ``contextgate serve`` processes at once, for
+``CONTEXTGATE_SOAK_SECONDS`` (50 by default; ``make soak``: two hours):
 
-The traffic, round-robin over a few concurrent clients: small chats, 20K-token chats,
-streams read to the end, streams the client drops after the first event, tool outputs
-offloaded to Redis, dry runs (``/v1/context/compact``) and bad requests (400)."""
+- ``memory``: the in-memory store (no Redis), so the offloaded objects, the conversation
+  records and the ledger all live in the process, up to their default bounds;
+- ``redis-traced``: Redis as the store, and tracing on, every span exported over OTLP/HTTP
+  to a sink on loopback that reads and discards them.
+
+The traffic, round-robin over 4 concurrent clients per process: small chats, 20K-token
+chats, streams read to the end, streams the client drops after the first event, tool
+outputs offloaded, dry runs (``/v1/context/compact``), bad requests (400), and Messages
+requests (``/v1/messages`` on an OpenAI model, so translated to the mock upstream's chat
+API) streamed and not. Every 20 requests start a new conversation
+(``x-contextgate-conversation``), so records and the ledger keep filling.
+
+Every 10 s (a sixth of a short run) each process's RSS, open descriptors, asyncio tasks and
+requests in flight are sampled; with ``CONTEXTGATE_SOAK_CSV`` each sample is also appended
+there as it is taken (``variant,seconds,rss_mib,requests``: ``bench/soak_plot.py`` draws
+it). The assertion that matters: RSS grows at most ``GROWTH_MIB`` after ``SETTLED_AFTER``
+(the first 10 minutes of a long run, in which the bounded caches fill; the first half of a
+short one). When the traffic stops, descriptors and tasks go back to where they were after
+the warm-up."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +43,37 @@ import pytest
 from tests.harness import ServeProcess, redis_server
 from tests.reliability.process_watch import LONG, Sample, mock_upstream_process, sample
 
-SECONDS = float(os.environ.get("CONTEXTGATE_SOAK_SECONDS", 1800 if LONG else 50))
+SECONDS = float(os.environ.get("CONTEXTGATE_SOAK_SECONDS", 7200 if LONG else 50))
 EVERY = min(10.0, SECONDS / 6)
-CLIENTS = 8
+CLIENTS = 4
+"""Concurrent clients per process."""
+CONVERSATION_REQUESTS = 20
+"""Requests of one conversation before the traffic moves to a new one."""
+SETTLED_AFTER = 600.0 if SECONDS >= 1800 else SECONDS / 2
+"""Seconds after which the default bounds are full, or near enough, and memory must stop
+growing."""
+GROWTH_MIB = 5.0 if SECONDS >= 1800 else 12.0
+"""RSS allowed to grow from ``SETTLED_AFTER`` to the end. A short run measures a few
+thousand requests: some caches are still filling, so its slack is larger, but a leak of a
+few KiB per request still exceeds it."""
 AUTH = {"authorization": "Bearer sk-soak"}
 FDS_SLACK = 2 * CLIENTS + 8
 """Descriptors allowed over the baseline at the end: idle upstream and Redis connections
 the pools keep (one per client at most, each) and a few more."""
 TASKS_SLACK = 5
+HEAP = os.environ.get("CONTEXTGATE_TRACEMALLOC")
+"""A path prefix: both gateways trace their heap (``gateway.telemetry.heap``)."""
+CLIENT_TIMEOUT = 300.0 if HEAP else 30.0
+"""Seconds a request may take: under tracemalloc, on a busy host, a 20K-token request
+took more than 30."""
+READY_WITHIN = 120.0
+"""Seconds a gateway may take to start: more than elsewhere, as a soak runs beside other
+work on a shared host."""
 SHED_SHARE = 0.001
 """Requests the shedder may refuse (503 gateway_overloaded) although the traffic is far
 below capacity: on a shared host the process is sometimes stalled past
 ``max_queue_delay`` (the 30-minute run on the two-vCPU machine of docs/RELIABILITY.md
 refused 4 of 84,692). They are counted apart, not taken for failures."""
-GROWTH_MIB = 48.0
-"""RSS allowed to grow from the first third of the run to its end (the allocator keeps
-its high-water mark; a leak of a few KiB per request is far above this over 30 min)."""
 
 
 def _history(words: int) -> list[dict[str, Any]]:
@@ -57,6 +90,13 @@ SMALL = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}
 LARGE = {"model": "gpt-4o", "messages": _history(10_000)}
 """About 20K tokens: ten thousand two-token words."""
 STREAM = {**SMALL, "stream": True}
+MESSAGES = {
+    "model": "gpt-4o",
+    "max_tokens": 256,
+    "system": "You are terse.",
+    "messages": [{"role": "user", "content": "Hi"}],
+}
+MESSAGES_STREAM = {**MESSAGES, "stream": True}
 
 
 def _offloaded(n: int) -> dict[str, Any]:
@@ -72,58 +112,75 @@ def _offloaded(n: int) -> dict[str, Any]:
     }
 
 
-Exchange = Callable[[httpx.AsyncClient, int], Awaitable[int]]
+Exchange = Callable[[httpx.AsyncClient, int, dict[str, str]], Awaitable[int]]
 
 
-async def _post(client: httpx.AsyncClient, body: object, **headers: str) -> int:
-    answer = await client.post("/v1/chat/completions", json=body, headers={**AUTH, **headers})
+async def _post(
+    client: httpx.AsyncClient, body: object, headers: dict[str, str], path: str = "chat/completions"
+) -> int:
+    answer = await client.post(f"/v1/{path}", json=body, headers=headers)
     return answer.status_code
 
 
-async def _small(client: httpx.AsyncClient, n: int) -> int:
-    return await _post(client, SMALL)
-
-
-async def _large(client: httpx.AsyncClient, n: int) -> int:
-    return await _post(client, LARGE)
-
-
-async def _stream(client: httpx.AsyncClient, n: int) -> int:
-    async with client.stream("POST", "/v1/chat/completions", json=STREAM, headers=AUTH) as s:
+async def _streamed(
+    client: httpx.AsyncClient, body: object, headers: dict[str, str], path: str, whole: bool
+) -> int:
+    async with client.stream("POST", f"/v1/{path}", json=body, headers=headers) as s:
         async for _ in s.aiter_bytes():
-            pass
+            if not whole:
+                break  # the client leaves after the first bytes
         return s.status_code
 
 
-async def _aborted(client: httpx.AsyncClient, n: int) -> int:
-    async with client.stream("POST", "/v1/chat/completions", json=STREAM, headers=AUTH) as s:
-        async for _ in s.aiter_bytes():
-            break  # the client leaves after the first bytes
-        return s.status_code
+async def _small(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _post(client, SMALL, headers)
 
 
-async def _offload(client: httpx.AsyncClient, n: int) -> int:
-    return await _post(client, _offloaded(n), **{"x-contextgate-policy": "filter-tokens=300"})
+async def _large(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _post(client, LARGE, headers)
 
 
-async def _dry_run(client: httpx.AsyncClient, n: int) -> int:
-    answer = await client.post("/v1/context/compact", json=LARGE, headers=AUTH)
-    return answer.status_code
+async def _stream(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _streamed(client, STREAM, headers, "chat/completions", whole=True)
 
 
-async def _bad(client: httpx.AsyncClient, n: int) -> int:
+async def _aborted(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _streamed(client, STREAM, headers, "chat/completions", whole=False)
+
+
+async def _offload(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _post(
+        client, _offloaded(n), {**headers, "x-contextgate-policy": "filter-tokens=300"}
+    )
+
+
+async def _dry_run(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _post(client, LARGE, headers, "context/compact")
+
+
+async def _bad(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
     answer = await client.post(
         "/v1/chat/completions",
         content=b'{"model": "gpt-4o", "messages": [',
-        headers={**AUTH, "content-type": "application/json"},
+        headers={**headers, "content-type": "application/json"},
     )
     return answer.status_code
 
 
+async def _messages(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _post(client, MESSAGES, headers, "messages")
+
+
+async def _messages_stream(client: httpx.AsyncClient, n: int, headers: dict[str, str]) -> int:
+    return await _streamed(client, MESSAGES_STREAM, headers, "messages", whole=True)
+
+
 MIX: tuple[tuple[str, Exchange, int], ...] = (
     ("small", _small, 200),
+    ("messages", _messages, 200),
     ("large", _large, 200),
     ("stream", _stream, 200),
+    ("messages_stream", _messages_stream, 200),
     ("aborted", _aborted, 200),
     ("offload", _offload, 200),
     ("dry_run", _dry_run, 200),
@@ -131,41 +188,129 @@ MIX: tuple[tuple[str, Exchange, int], ...] = (
 )
 
 
-async def _traffic(url: str, seconds: float, counts: dict[str, int], wrong: list[str]) -> None:
+@dataclass
+class Variant:
+    """One gateway process under soak, and what its traffic and samples came to."""
+
+    name: str
+    server: ServeProcess
+    counts: dict[str, int] = field(default_factory=dict)
+    wrong: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return sum(n for name, n in self.counts.items() if name != "shed")
+
+
+async def _traffic(variant: Variant, seconds: float) -> None:
     turn = itertools.count()
     deadline = time.monotonic() + seconds
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=variant.server.url, timeout=CLIENT_TIMEOUT) as client:
 
         async def one_client() -> None:
             while time.monotonic() < deadline:
                 n = next(turn)
                 name, exchange, expected = MIX[n % len(MIX)]
-                status = await exchange(client, n)
-                counts[name] = counts.get(name, 0) + 1
+                conversation = f"soak-{variant.name}-{n // CONVERSATION_REQUESTS}"
+                headers = {**AUTH, "x-contextgate-conversation": conversation}
+                status = await exchange(client, n, headers)
+                variant.counts[name] = variant.counts.get(name, 0) + 1
                 if status == 503:
-                    counts["shed"] = counts.get("shed", 0) + 1
+                    variant.counts["shed"] = variant.counts.get("shed", 0) + 1
                 elif status != expected:
-                    wrong.append(f"{name}: {status}")
+                    variant.wrong.append(f"{name}: {status}")
 
         await asyncio.gather(*(one_client() for _ in range(CLIENTS)))
 
 
+class TraceSink:
+    """An OTLP/HTTP endpoint on loopback that reads each export and discards it (a soak's
+    spans would not fit in the test's memory), counting exports and bytes."""
+
+    def __init__(self) -> None:
+        self.exports = 0
+        self.bytes = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                sink.exports += 1
+                sink.bytes += len(body)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> TraceSink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """``contextgate serve`` on a redis-server of its own, in front of the mock process
-    (streams paced at 20 ms an event, so some are in flight at every moment)."""
+def sink() -> Iterator[TraceSink]:
+    with TraceSink() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory, sink: TraceSink) -> Iterator[list[Variant]]:
+    """The two gateways, in front of one mock upstream process (streams paced at 20 ms an
+    event, so some are in flight at every moment). ``CONTEXTGATE_TRACEMALLOC`` passes on to
+    both (``gateway.telemetry.heap``), with the variant's name added to the prefix."""
+    heap = HEAP
     with (
         redis_server() as redis,
         mock_upstream_process("--stream-interval", "0.02") as upstream,
     ):
-        config = f"upstream:\n  base_url: {upstream}\nredis_url: {redis.url}\nsummaries: false\n"
+        base = f"upstream:\n  base_url: {upstream}\nsummaries: false\n"
         workdir = str(tmp_path_factory.mktemp("soak"))
-        with ServeProcess(config, workdir, "--log-level", "warning") as process:
-            yield process
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
+        # Both constructed first: each process starts as it is made, so they start side
+        # by side, then each is waited for.
+        memory = ServeProcess(
+            base,
+            workdir,
+            "--log-level",
+            "warning",
+            ready_within=READY_WITHIN,
+            env={"CONTEXTGATE_TRACEMALLOC": f"{heap}.memory"} if heap else None,
+        )
+        with_redis = ServeProcess(
+            f"{base}redis_url: {redis.url}\n",
+            workdir,
+            "--log-level",
+            "warning",
+            ready_within=READY_WITHIN,
+            env={**traced, "CONTEXTGATE_TRACEMALLOC": f"{heap}.redis"} if heap else traced,
+        )
+        with contextlib.ExitStack() as stack:
+            stack.callback(with_redis.stop)
+            stack.callback(memory.stop)
+            stack.enter_context(memory)
+            stack.enter_context(with_redis)
+            yield [Variant("memory", memory), Variant("redis-traced", with_redis)]
 
 
-def _settled(pid: int, url: str, baseline: Sample, within: float) -> Sample:
+def _settled(variant: Variant, baseline: Sample, within: float) -> Sample:
     """The first sample back within the slack of ``baseline``, or the last one taken."""
+    pid, url = variant.server.process.pid, variant.server.url
     deadline = time.monotonic() + within
     while True:
         now = sample(pid, url, 0)
@@ -179,56 +324,90 @@ def _settled(pid: int, url: str, baseline: Sample, within: float) -> Sample:
         time.sleep(0.5)
 
 
-def test_mixed_traffic_leaves_no_memory_descriptor_or_task_behind(
-    gateway: ServeProcess,
-) -> None:
-    """After SECONDS of mixed traffic: no unexpected status, RSS growth past the first
-    third under GROWTH_MIB, descriptors and tasks back to the warm-up's, nothing in flight."""
-    pid, url = gateway.process.pid, gateway.url
-    counts: dict[str, int] = {}
-    wrong: list[str] = []
-    asyncio.run(_traffic(url, min(5.0, SECONDS / 10), counts, wrong))  # warm-up
-    time.sleep(1)
-    baseline = sample(pid, url, 0)
+def _growth(samples: list[Sample]) -> tuple[float, float]:
+    """RSS at the first sample from ``SETTLED_AFTER`` on, and the most it rose above it."""
+    later = [s for s in samples if s.at >= SETTLED_AFTER] or samples[-1:]
+    return later[0].rss_mib, max(s.rss_mib for s in later) - later[0].rss_mib
 
-    samples: list[Sample] = []
+
+def test_mixed_traffic_leaves_no_memory_descriptor_or_task_behind(
+    variants: list[Variant], sink: TraceSink
+) -> None:
+    """After SECONDS of mixed traffic on both gateways at once: no unexpected status, RSS
+    growth past SETTLED_AFTER within GROWTH_MIB, descriptors and tasks back to the
+    warm-up's, nothing in flight, the spans exported."""
+
+    async def warm_up() -> None:
+        await asyncio.gather(*(_traffic(v, min(5.0, SECONDS / 10)) for v in variants))
+
+    asyncio.run(warm_up())
+    time.sleep(1)
+    baselines = [sample(v.server.process.pid, v.server.url, 0) for v in variants]
+    table = os.environ.get("CONTEXTGATE_SOAK_CSV")
+    if table:
+        with open(table, "w", newline="") as file:
+            csv.writer(file).writerow(["variant", "seconds", "rss_mib", "requests"])
+
+    def take(variant: Variant, started: float) -> None:
+        pid, url = variant.server.process.pid, variant.server.url
+        taken = sample(pid, url, time.monotonic() - started)
+        variant.samples.append(taken)
+        if table:
+            with open(table, "a", newline="") as file:
+                row = [variant.name, taken.at, taken.rss_mib, variant.requests]
+                csv.writer(file).writerow(row)
+
+    async def sampled(variant: Variant, started: float, load: asyncio.Task[None]) -> None:
+        while not load.done():
+            await asyncio.sleep(EVERY)
+            await asyncio.to_thread(take, variant, started)
 
     async def run() -> None:
         started = time.monotonic()
-        load = asyncio.create_task(_traffic(url, SECONDS, counts, wrong))
-        while not load.done():
-            await asyncio.sleep(EVERY)
-            taken = await asyncio.to_thread(sample, pid, url, time.monotonic() - started)
-            samples.append(taken)
-        await load
+        loads = [asyncio.create_task(_traffic(v, SECONDS)) for v in variants]
+        await asyncio.gather(
+            *loads, *(sampled(v, started, load) for v, load in zip(variants, loads, strict=True))
+        )
 
     asyncio.run(run())
-    end = _settled(pid, url, baseline, within=15)
-    third = samples[len(samples) // 3]
-    _report(baseline, samples, end, counts, wrong)
+    ends = [_settled(v, b, within=15) for v, b in zip(variants, baselines, strict=True)]
+    _report(variants, baselines, ends, sink)
 
-    assert not wrong[:10], f"{len(wrong)} unexpected answers"
-    assert counts.get("shed", 0) <= SHED_SHARE * sum(counts.values())
-    assert all(counts.get(name, 0) > 0 for name, _, _ in MIX)
-    assert max(s.rss_mib for s in samples[len(samples) // 3 :]) - third.rss_mib < GROWTH_MIB
-    assert end.in_flight == 0
-    assert end.fds <= baseline.fds + FDS_SLACK, (baseline, end)
-    assert end.tasks <= baseline.tasks + TASKS_SLACK, (baseline, end)
-    answer = httpx.post(f"{url}/v1/chat/completions", json=SMALL, headers=AUTH, timeout=10)
-    assert answer.status_code == 200
+    for variant, baseline, end in zip(variants, baselines, ends, strict=True):
+        name, counts = variant.name, variant.counts
+        assert not variant.wrong[:10], f"{name}: {len(variant.wrong)} unexpected answers"
+        assert counts.get("shed", 0) <= SHED_SHARE * variant.requests, name
+        assert all(counts.get(kind, 0) > 0 for kind, _, _ in MIX), (name, counts)
+        settled, growth = _growth(variant.samples)
+        assert growth <= GROWTH_MIB, f"{name}: RSS rose {growth:.1f} MiB above {settled}"
+        assert end.in_flight == 0, name
+        assert end.fds <= baseline.fds + FDS_SLACK, (name, baseline, end)
+        assert end.tasks <= baseline.tasks + TASKS_SLACK, (name, baseline, end)
+        url = variant.server.url
+        answer = httpx.post(f"{url}/v1/chat/completions", json=SMALL, headers=AUTH, timeout=10)
+        assert answer.status_code == 200, name
+    assert sink.exports > 0
 
 
 def _report(
-    baseline: Sample, samples: list[Sample], end: Sample, counts: dict[str, int], wrong: list[str]
+    variants: list[Variant], baselines: list[Sample], ends: list[Sample], sink: TraceSink
 ) -> None:
     """Print the figures; with ``CONTEXTGATE_SOAK_OUTPUT``, write them there as JSON."""
     figures = {
         "seconds": SECONDS,
-        "requests": counts,
-        "unexpected": len(wrong),
-        "baseline": vars(baseline),
-        "samples": [vars(s) for s in samples],
-        "end": vars(end),
+        "settled_after": SETTLED_AFTER,
+        "span_exports": sink.exports,
+        "span_bytes": sink.bytes,
+        "variants": {
+            v.name: {
+                "requests": v.counts,
+                "unexpected": len(v.wrong),
+                "baseline": vars(baseline),
+                "samples": [vars(s) for s in v.samples],
+                "end": vars(end),
+            }
+            for v, baseline, end in zip(variants, baselines, ends, strict=True)
+        },
     }
     print(json.dumps(figures))
     output = os.environ.get("CONTEXTGATE_SOAK_OUTPUT")

@@ -25,7 +25,7 @@ from pipelines.stages.compress.dedup import DEDUP_MIN_CHARS, deduplicated
 __all__ = ["MEMO_CHARS", "Memos"]
 
 _MEMOS_KEPT: Final = 1_024
-MEMO_CHARS: Final = 32_000_000
+MEMO_CHARS: Final = 2_000_000
 """Characters the remembered cuts of all conversations may hold together: each keeps the
 tool outputs before its cut, a whole history's worth on a long conversation."""
 
