@@ -6,10 +6,11 @@ after start-up (``warm``) and closed at shutdown. Routes reach them through the 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import httpx
 
@@ -34,7 +35,19 @@ from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["Gateway"]
+__all__ = ["TRIM_EVERY", "Gateway"]
+
+TRIM_EVERY: Final = 10.0
+"""Seconds between the idle allocator trims (``Gateway._trim_when_idle``)."""
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, where the C library is glibc."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
 
 
 @dataclass(slots=True)
@@ -62,6 +75,7 @@ class Gateway:
     """Writes each request's ledger entry (``None`` with the inspector off)."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
     _warming: asyncio.Task[None] | None = None
+    _trimming: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.metrics.watch(self.stores, self.summaries, self.shedder)
@@ -173,7 +187,9 @@ class Gateway:
         cl100k_base, for older models only, at its first use). The loading runs in worker
         threads, so requests are served meanwhile, each waiting only for what it needs."""
         if self._warming is None:
-            self._warming = asyncio.get_running_loop().create_task(self._warm())
+            loop = asyncio.get_running_loop()
+            self._warming = loop.create_task(self._warm())
+            self._trimming = loop.create_task(self._trim_when_idle())
 
     @property
     def warmed(self) -> bool:
@@ -190,9 +206,24 @@ class Gateway:
         gc.collect()
         gc.freeze()
 
+    async def _trim_when_idle(self) -> None:
+        """Every ``TRIM_EVERY`` seconds with no request in flight, hand the allocator's free
+        memory back to the system (glibc's ``malloc_trim``; nothing elsewhere). After a
+        burst of large requests the C allocator keeps the pages it freed, and the
+        process's RSS stays at the burst's peak (5-6 MB above what it holds after a run of
+        100K-token requests); a trim takes about a millisecond."""
+        trim = _malloc_trim()
+        if trim is None:
+            return
+        while True:
+            await asyncio.sleep(TRIM_EVERY)
+            if self.draining.in_flight == 0:
+                trim(0)
+
     async def aclose(self) -> None:
-        if self._warming is not None:
-            self._warming.cancel()
+        for task in (self._warming, self._trimming):
+            if task is not None:
+                task.cancel()
         self.shedder.stop()
         await self.summaries.aclose()
         if self.ledger is not None:

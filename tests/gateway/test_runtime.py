@@ -125,3 +125,15 @@ def test_the_server_warms_the_gateway_once_its_port_is_open() -> None:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5):
             pass
         assert server.warmed == [True]
+
+
+async def test_the_allocator_is_trimmed_while_idle_until_shutdown() -> None:
+    gateway = build()
+    gateway.warm()
+    trimming = gateway._trimming
+    assert trimming is not None
+    await asyncio.sleep(0)
+    assert not trimming.done()  # glibc here: the loop runs, waiting for its next turn
+    await gateway.aclose()
+    await asyncio.sleep(0)
+    assert trimming.cancelled()
