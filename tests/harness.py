@@ -43,7 +43,9 @@ class GatewayServer:
             served, log_level="warning", lifespan="on", ws_max_size=settings.max_body_bytes
         )
         gateway = self.app.state.gateway
-        self._server = DrainingServer(config, gateway.draining, min(settings.shutdown_grace, 2))
+        self._server = DrainingServer(
+            config, gateway.draining, min(settings.shutdown_grace, 2), gateway.shedder
+        )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -51,6 +53,12 @@ class GatewayServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def protocol(self) -> type[Any]:
+        """The HTTP protocol class the server runs."""
+        protocol: type[Any] = self._server.config.http_protocol_class
+        return protocol
 
     @property
     def base_url(self) -> str:
