@@ -2,9 +2,9 @@
 
 A refusal sent by the application (``gateway.edge.admission``) waits for its task: uvicorn
 starts one per request as the headers are read, and its first step runs after every
-callback already queued, which under overload is the admitted requests' work. Each turn of
-a saturated loop lasts 10-30 ms, so a refusal waited one to three of them, and its p99 at
-twice the capacity was 0.1-0.4 s (docs/RELIABILITY.md, Overload).
+callback already queued, which under overload is the admitted requests' work: a turn of a
+saturated loop lasts 5-30 ms, longer when the host takes the core away in it
+(docs/RELIABILITY.md, "Twice the capacity").
 
 ``refusing_protocol`` gives uvicorn's httptools protocol a check of the shedder where it
 would start the request's task: a request to a work route (under ``/v1/``) that the
