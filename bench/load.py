@@ -108,6 +108,8 @@ class Answer:
     late_ms: float = 0.0
     """Milliseconds the request went out after ``due`` (the client's own delay: a
     connection to open, or a client short of CPU)."""
+    fresh: bool = False
+    """The request was the first on a new connection (not one kept alive)."""
 
 
 async def open_loop(
@@ -152,8 +154,9 @@ async def open_loop(
         nonlocal open_count
         status, head, late = 0, b"", 0.0
         connection = reusable()
+        fresh = connection is None
         if connection is None and open_count >= max_connections:
-            answers[index] = Answer(due, 0, 0.0, False)
+            answers[index] = Answer(due, 0, 0.0, False, fresh=True)
             return
         try:
             async with asyncio.timeout(answer_within):
@@ -171,7 +174,7 @@ async def open_loop(
             status = 0
         ms = (time.perf_counter() - started - due) * 1000
         retry_after = b"\r\nretry-after:" in head.lower()
-        answers[index] = Answer(due, status, ms, retry_after, late)
+        answers[index] = Answer(due, status, ms, retry_after, late, fresh)
         if status and connection is not None:
             idle.append((*connection, time.perf_counter()))
         elif connection is not None:

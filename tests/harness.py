@@ -47,6 +47,7 @@ class GatewayServer:
             config,
             gateway.draining,
             min(settings.shutdown_grace, 2),
+            gateway.shedder,
             warm=lambda: self.warmed.append(self._server.started) or gateway.warm(),
         )
         self.warmed: list[bool] = []
@@ -58,6 +59,12 @@ class GatewayServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def protocol(self) -> type[Any]:
+        """The HTTP protocol class the server runs."""
+        protocol: type[Any] = self._server.config.http_protocol_class
+        return protocol
 
     @property
     def base_url(self) -> str:

@@ -9,19 +9,21 @@ even refuse it (docs/RELIABILITY.md, Overload).
 
 ``EagerAccept`` watches a duplicate of each listening socket and, each time one is
 readable, accepts until the queue is empty, handing every connection to the server's own
-protocol, as the server would. The server's one accept per turn goes on beside it: each
-connection is taken by one or the other and served the same way.
+protocol, as the server would, in the same callback (not in a task, which would make a
+connection's first request wait one turn more). The server's one accept per turn goes on
+beside it: each connection is taken by one or the other and served the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Iterable
-from typing import Final, Protocol
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Final, Protocol
 
 __all__ = ["EagerAccept"]
 
@@ -42,7 +44,7 @@ class EagerAccept:
     """Accepts everything waiting on ``sockets`` whenever one is readable, and connects each
     connection to a new protocol from ``protocol_factory``."""
 
-    __slots__ = ("_factory", "_listeners", "_loop", "_ssl", "_tasks")
+    __slots__ = ("_factory", "_listeners", "_loop", "_ssl")
 
     def __init__(
         self,
@@ -53,7 +55,6 @@ class EagerAccept:
         self._factory = protocol_factory
         self._ssl = ssl_context
         self._loop = asyncio.get_running_loop()
-        self._tasks: set[asyncio.Task[object]] = set()
         self._listeners: list[socket.socket] = []
         for sock in sockets:
             # A duplicate: uvloop's wrapper cannot accept, and the server's own object
@@ -76,16 +77,29 @@ class EagerAccept:
                 self._loop.call_later(_BACKOFF, self._resume, listener)
                 return
             connection.setblocking(False)
-            task = self._loop.create_task(
-                self._loop.connect_accepted_socket(self._factory, connection, ssl=self._ssl)
-            )
-            self._tasks.add(task)
-            task.add_done_callback(self._done)
+            self._connect(connection)
 
-    def _done(self, task: asyncio.Task[object]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
+    def _connect(self, connection: socket.socket) -> None:
+        """Set the connection up (its transport and protocol) in this callback, as the
+        server's own accept does. A task would wait a turn of the loop before its first
+        step; a connection's first request then waited a turn longer than the next."""
+        setup = self._loop.connect_accepted_socket(self._factory, connection, ssl=self._ssl)
+        self._step(setup, None)
+
+    def _step(self, setup: Coroutine[Any, Any, object], _: object) -> None:
+        """Run ``setup`` up to what it waits for (the protocol connected, a TLS
+        handshake), and on from there once that is done, as a task would."""
+        try:
+            waiting = setup.send(None)
+        except StopIteration:
+            return
+        except Exception as exc:
             log.warning("an accepted connection could not be set up: %s", exc)
+            return
+        if isinstance(waiting, asyncio.Future):
+            waiting.add_done_callback(functools.partial(self._step, setup))
+        else:  # a bare yield (``asyncio.sleep(0)``): on at the next turn
+            self._loop.call_soon(self._step, setup, None)
 
     def _resume(self, listener: socket.socket) -> None:
         if listener.fileno() != -1:

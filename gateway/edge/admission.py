@@ -2,7 +2,9 @@
 checks and ``/metrics``) runs behind it.
 
 Before the route handler, it first refuses the request when the process is overloaded
-(503 ``gateway_overloaded`` with ``Retry-After``, ``gateway.edge.overload``). That check comes
+(503 ``gateway_overloaded`` with ``Retry-After``, ``gateway.edge.overload``; under
+``contextgate serve`` the server's protocol has refused most of those already, as they were
+read: ``gateway.edge.refusal``), and takes the request's in-flight slot. That check comes
 before authentication because it must cost least: authentication and limits may ask
 Redis, work an overloaded process should not take on for a request it then refuses. Then
 it refuses oversized headers (431), identifies the caller from its credentials

@@ -33,6 +33,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.context.record import record_of
 from gateway.edge.accept import EagerAccept
 from gateway.edge.overload import Shedder
+from gateway.edge.refusal import refusing_protocol
 from gateway.errors import ShuttingDown
 from gateway.http.responses import (
     ANTHROPIC_ROUTES,
@@ -210,7 +211,9 @@ class _Progress:
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, which on SIGTERM (or SIGINT) starts the gateway's drain before
-    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop."""
+    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop.
+    Given the gateway's shedder, its httptools protocol refuses overload as requests are
+    read (``gateway.edge.refusal``)."""
 
     def __init__(
         self,
@@ -222,6 +225,10 @@ class DrainingServer(uvicorn.Server):
     ) -> None:
         """``warm``: called once the port is open (``Gateway.warm``)."""
         config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
+        if shedder is not None and config.http in ("auto", "httptools"):
+            protocol = refusing_protocol(shedder)
+            if protocol is not None:
+                config.http = protocol
         super().__init__(config)
         self._draining = draining
         self._grace = grace

@@ -34,8 +34,10 @@ are never checked, so probes and scrapes keep answering):
     the limit goes. When a late trip saw more than ``RESENT`` refusals per admission,
     the limit doubles instead of falling: refusing is making the wait, not easing it.
 
-Refusing fast also needs the connections to reach the process:
-``gateway.edge.accept`` takes in every connection the kernel has completed.
+Refusing fast also needs the connections to reach the process, and the refusal to go out
+before the admitted work: ``gateway.edge.accept`` takes in every connection the kernel has
+completed, and ``gateway.edge.refusal`` answers a refused request in the callback that read
+it (``screen``), a turn of the loop before the application would.
 
 The shedder counts refusals by reason (``in_flight``, ``loop_wait``) for the metrics and
 keeps no per-request state beyond the in-flight count.
@@ -52,7 +54,7 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["FLOOR", "GRACE", "HOPS", "REASONS", "TICK", "Shedder"]
+__all__ = ["FLOOR", "GRACE", "HOPS", "REASONS", "REFUSALS", "RETRY_AFTER", "TICK", "Shedder"]
 
 TICK: Final = 0.05
 """Seconds between two trips of the probe (and two readings of the loop's lag)."""
@@ -225,16 +227,15 @@ class Shedder:
         """Tasks alive on the loop (0 before ``start``)."""
         return len(asyncio.all_tasks(self._loop)) if self._loop is not None else 0
 
-    def admit(self) -> Overloaded | None:
-        """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
-        send. Returned, not raised: the caller answers it directly, as cheaply as it can."""
+    def screen(self) -> str | None:
+        """Why a new request is refused now (the refusal counted), or ``None``: it may come
+        in. Takes no slot: ``gateway.edge.refusal`` asks as a request's headers arrive, and
+        ``admit`` asks again when the application takes the request."""
         if self._tripping and (delay := self.max_queue_delay) is not None:
             elapsed = time.monotonic() - self._trip_started
             if elapsed > delay * (GRACE + self._cuts):
                 self._cut(elapsed)
         if self.in_flight < self._limit:
-            self.in_flight += 1
-            self._admitted += 1
             return None
         self._refused += 1
         reason = (
@@ -243,7 +244,16 @@ class Shedder:
             else "loop_wait"
         )
         self.shed[reason] += 1
-        return _REFUSALS[reason]
+        return reason
+
+    def admit(self) -> Overloaded | None:
+        """Take an in-flight slot (``None``; ``release`` gives it back), or the refusal to
+        send. Returned, not raised: the caller answers it directly, as cheaply as it can."""
+        if (reason := self.screen()) is not None:
+            return REFUSALS[reason]
+        self.in_flight += 1
+        self._admitted += 1
+        return None
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -253,7 +263,7 @@ _UNCAPPED: Final = 1_000_000
 """What the limit rises to without ``max_in_flight``: no process holds that many requests,
 so at this height it is no limit."""
 
-_REFUSALS: Final = {
+REFUSALS: Final = {
     reason: Overloaded(
         f"The gateway is overloaded ({what}); retry after {RETRY_AFTER} s.",
         headers={"retry-after": RETRY_AFTER},

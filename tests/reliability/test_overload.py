@@ -1,5 +1,5 @@
 """Overload: one ``contextgate serve`` process in front of the mock upstream, its capacity
-measured in closed loop on this machine, then offered half as much again in open loop
+measured in closed loop on this machine, then offered twice as much in open loop
 (requests started at a fixed rate whatever the answers). With the defaults the excess is
 refused at once with 503 ``gateway_overloaded`` and ``Retry-After``, the accepted requests
 keep a latency that does not grow over the run, memory stays near its resting size, the
@@ -29,21 +29,25 @@ BODY = b'{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}]}'
 PATH = "/v1/chat/completions"
 SECONDS = 60.0 if LONG else 12.0
 """Seconds the open-loop load is offered."""
-OVERLOAD = 1.5
+OVERLOAD = 2.0
+"""Times the measured capacity offered."""
 RSS_SLACK_MIB = 100.0
 """RSS allowed over the resting size under overload (a few hundred small requests in flight
 and the connections' buffers: tens of MiB)."""
 UNSHED = "max_in_flight: null\nmax_queue_delay: null\n"
-SHED_P50_MS = 250
+SHED_P50_MS = 50
 SHED_P99_MS = 1_000
-"""Bounds on the 503s' latency: the aim, a p99 well under a second. Measured on the
-two-vCPU machine of docs/RELIABILITY.md: p50 7-12 ms, p99 65-170 ms (before the eager
-accept and the adaptive limit, p99 3.5-4.4 s: new connections waited in the kernel's
-accept queue). Without shedding the same load's p99 reaches 28-30 s."""
+"""Bounds on the 503s' latency. The aim is a p99 of 50 ms; on the shared two-vCPU machine
+of docs/RELIABILITY.md ("Twice the capacity"), with the load generator, the mock and the
+gateway on the same two cores among other work (load average 4-11), it measured p50
+11-30 ms and p99 92-726 ms at 2x: the p99 is the host's scheduling there (the gateway
+waited for a CPU 41-71% of the time), so the aim is asserted of the median, and the p99
+is held under a second, as before. Before refusals were answered as read, p50 20 ms-3.2 s
+and p99 0.17-7.7 s in the same runs; without shedding the p99 reaches 28-30 s."""
 OK_P99_MS = 4_000
-"""Bound on the accepted requests' p99: measured 0.4-1.1 s in the 12-second runs and
-0.7-3.1 s in the 60-second ones (their median by third 0.1-0.2 s throughout); 25-27 s
-without shedding."""
+"""Bound on the accepted requests' p99: measured 0.38-1.36 s in the 12-second runs at 2x
+on the loaded host (0.4-1.1 s at 1.5x before), 0.7-3.1 s in the 60-second ones at 1.5x;
+25-27 s without shedding."""
 
 
 @dataclass
@@ -141,6 +145,8 @@ def _report(run: Run) -> None:
     ok = [a.ms for a in run.answers if a.status == 200]
     shed = [a.ms for a in run.answers if a.status == 503]
     other = [a for a in run.answers if a.status not in (200, 503)]
+    shed_fresh = [a.ms for a in run.answers if a.status == 503 and a.fresh]
+    shed_kept = [a.ms for a in run.answers if a.status == 503 and not a.fresh]
     thirds = [
         [
             a.ms
@@ -155,7 +161,10 @@ def _report(run: Run) -> None:
         f" {len(other)} other"
         f" {sorted((a.status, round(a.due, 1), round(a.ms)) for a in other)[:10]};"
         f" ok p50/p99 {quantile(ok, 0.5):.0f}/{quantile(ok, 0.99):.0f} ms,"
-        f" 503 p50/p99 {quantile(shed, 0.5):.0f}/{quantile(shed, 0.99):.0f} ms;"
+        f" 503 p50/p99 {quantile(shed, 0.5):.0f}/{quantile(shed, 0.99):.0f} ms"
+        f" (on a new connection {quantile(shed_fresh, 0.99):.0f} ms of {len(shed_fresh)},"
+        f" on one kept alive {quantile(shed_kept, 0.99):.0f} ms);"
+        f" sent late p99 {quantile([a.late_ms for a in run.answers], 0.99):.0f} ms;"
         f" ok p50 by third {[round(quantile(t, 0.5)) for t in thirds]} ms;"
         f" RSS rest/peak {run.rest_mib:.0f}/{run.peak_mib:.0f} MiB;"
         f" healthz max {max((s for _, s in run.probes), default=0):.2f} s; after {run.after}"
@@ -165,9 +174,9 @@ def _report(run: Run) -> None:
 def test_excess_load_is_refused_fast_and_the_accepted_requests_stay_on_time(
     upstream: str,
 ) -> None:
-    """At 150% of capacity: some 503s, each with Retry-After, p99 under a second; accepted
-    requests' latency flat across the run; RSS near rest; /healthz always 200; afterwards
-    nothing in flight and a request succeeds."""
+    """At twice the capacity: some 503s, each with Retry-After, their median under 50 ms
+    and p99 under a second; accepted requests' latency flat across the run; RSS near rest;
+    /healthz always 200; afterwards nothing in flight and a request succeeds."""
     run = overload(upstream)
     ok = [a for a in run.answers if a.status == 200]
     shed = [a for a in run.answers if a.status == 503]

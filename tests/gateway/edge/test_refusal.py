@@ -1,0 +1,116 @@
+"""Refusals answered by the server's protocol as the request is read: the application's
+503, its envelope and ``Retry-After``, a request id; the connection kept for the next
+request; probes and other routes untouched."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+
+from gateway.config import AnthropicSettings, Settings, UpstreamSettings
+from tests.harness import GatewayServer
+from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
+
+BODY = b'{"model":"gpt-4o","messages":[{"role":"user","content":"Hi"}]}'
+CLAUDE = (
+    b'{"model":"claude-sonnet-4-6","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}'
+)
+
+
+def _request(path: str, body: bytes, *, close: bool = False) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer sk-test\r\nContent-Length: {len(body)}\r\n"
+        + ("Connection: close\r\n" if close else "")
+        + "\r\n"
+    ).encode() + body
+
+
+def _answer(sock: socket.socket, buffered: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """One whole answer read from ``sock`` (with Content-Length): status, headers, body."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65_536)
+        assert chunk, "the connection closed before an answer"
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65_536)
+        assert chunk, "the connection closed inside an answer"
+        rest += chunk
+    buffered[:] = rest[length:]
+    return int(lines[0].split()[1]), headers, rest[:length]
+
+
+def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_next(
+    upstream: MockUpstream,
+) -> None:
+    """One slot, held by a slow request: two requests written at once on one connection
+    (chat, then Messages) get the 503 in their envelopes with Retry-After and a request
+    id; a third, once the slot is free, is served on the same connection; one asking to
+    close gets its 503 and the close; /healthz answers meanwhile."""
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        anthropic=AnthropicSettings(base_url=upstream.base_url.removesuffix("/v1")),
+        summaries=False,
+        max_in_flight=1,
+    )
+    upstream.push(JSONReply(chat_completion(), delay=1.0))
+    with GatewayServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        assert server.protocol.__name__ == "RefusingProtocol"
+        holder = threading.Thread(
+            target=client.post,
+            args=("/v1/chat/completions",),
+            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
+        )
+        holder.start()
+        deadline = time.monotonic() + 5
+        while not upstream.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            buffered = bytearray()
+            sock.sendall(_request("/v1/chat/completions", BODY) + _request("/v1/messages", CLAUDE))
+            chat = _answer(sock, buffered)
+            messages = _answer(sock, buffered)
+            healthz = client.get("/healthz").status_code
+            holder.join()
+            sock.sendall(_request("/v1/chat/completions", BODY))
+            served = _answer(sock, buffered)
+        upstream.push(JSONReply(chat_completion(), delay=1.0))
+        holder = threading.Thread(
+            target=client.post,
+            args=("/v1/chat/completions",),
+            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
+        )
+        holder.start()
+        while not upstream.in_flight and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            buffered = bytearray()
+            sock.sendall(_request("/v1/chat/completions", BODY, close=True))
+            closing = _answer(sock, buffered)
+            after = sock.recv(1)
+        holder.join()
+        metrics = client.get("/metrics").text
+    status, headers, body = chat
+    assert status == 503
+    assert headers["retry-after"] == "1"
+    assert headers["x-contextgate-request-id"].startswith("cg-")
+    assert b'"code":"gateway_overloaded"' in body
+    status, headers, body = messages
+    assert status == 503
+    assert headers["retry-after"] == "1"
+    assert body.startswith(b'{"type":"error","error":{"type":"api_error"')
+    assert chat[1]["x-contextgate-request-id"] != headers["x-contextgate-request-id"]
+    assert healthz == 200
+    assert served[0] == 200
+    assert closing[0] == 503
+    assert closing[1]["connection"] == "close"
+    assert after == b""
+    assert 'contextgate_overload_shed_total{reason="in_flight"} 3.0' in metrics
+    assert "contextgate_admitted_in_flight 0.0" in metrics
