@@ -90,6 +90,7 @@ fuzz-deep: install-dev
 
 bench: install-dev
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.small
 	$(BIN)/python -m bench.overhead_responses
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.store
