@@ -98,6 +98,7 @@ bench: install-dev
 	$(BIN)/python -m bench.startup
 	$(BIN)/python -m bench.footprint
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.small
 	$(BIN)/python -m bench.overhead_responses
 	$(BIN)/python -m bench.compaction
 	$(BIN)/python -m bench.store

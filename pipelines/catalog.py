@@ -201,10 +201,14 @@ def _specificity(pattern: str) -> tuple[int, int]:
     return literal, -pattern.count("*")
 
 
+_KEPT_LOOKUPS: Final = 4_096
+"""Model names whose entry and price a catalog keeps found (each once matched)."""
+
+
 class ModelCatalog:
     """Looks up ``ModelInfo`` by model name; later entries override earlier equal patterns."""
 
-    __slots__ = ("_configured_prices", "_entries", "_lookups", "_prices")
+    __slots__ = ("_configured_prices", "_entries", "_lookups", "_priced", "_prices")
 
     def __init__(
         self,
@@ -216,6 +220,7 @@ class ModelCatalog:
         self._prices = _matching(prices)
         self._configured_prices = _matching(configured_prices)
         self._lookups: dict[str, ModelInfo] = {}
+        self._priced: dict[str, ModelPrice | None] = {}
 
     def extended(
         self, entries: Iterable[ModelInfo], prices: Iterable[ModelPrice] = ()
@@ -230,7 +235,12 @@ class ModelCatalog:
 
     def price(self, model: str) -> ModelPrice | None:
         """What ``model``'s tokens cost, or ``None`` when the catalog has no price for it."""
-        return _match(self._configured_prices, model) or _match(self._prices, model)
+        if model in self._priced:  # the ledger prices every request: no globbing each time
+            return self._priced[model]
+        found = _match(self._configured_prices, model) or _match(self._prices, model)
+        if len(self._priced) < _KEPT_LOOKUPS:
+            self._priced[model] = found
+        return found
 
     def knows(self, model: str) -> bool:
         """Whether an entry matches ``model`` (else it gets the unknown-model defaults)."""
@@ -245,6 +255,6 @@ class ModelCatalog:
         found = _match(self._entries, model)
         if found is None:
             found = replace(UNKNOWN_MODEL, pattern=model)
-        if len(self._lookups) < 4096:
+        if len(self._lookups) < _KEPT_LOOKUPS:
             self._lookups[model] = found
         return found

@@ -15,6 +15,7 @@ idle timeout does not cut a stream whose upstream is thinking. SSE decoders igno
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
@@ -89,21 +90,32 @@ class RelayStream(ASGIStreamingResponse):
     async def _send_kept_alive(self, send: Send, receive: Receive) -> None:
         # The body only: the 200 and its headers went out after the first event came.
         kept = _KeptAlive(send, self.keepalive)
-        async with anyio.create_task_group() as group:
-            group.start_soon(kept.run)
-            try:
-                await super().send_body(kept.send, receive)
-            finally:
-                group.cancel_scope.cancel()
+        try:
+            await super().send_body(kept.send, receive)
+        finally:
+            await kept.stop()
 
 
 class _KeptAlive:
-    """A stream's ``send`` with one timer beside it, which sends ``KEEPALIVE`` when
-    nothing has gone out for ``every`` seconds. Both hold one lock while they send, so a
-    comment only ever goes between whole events, and never after the body's end. An event
-    costs an uncontended lock and a clock read; the timer wakes once per ``every``."""
+    """A stream's ``send`` with a timer of the event loop's beside it, which starts a
+    task sending ``KEEPALIVE`` when nothing has gone out for ``every`` seconds. Both hold
+    one lock while they send, so a comment only ever goes between whole events, and never
+    after the body's end. An event costs an uncontended lock and a clock read; a stream,
+    one timer (no task, and no task group before its first byte); the timer fires once
+    per ``every``. A comment that fails to go out ends the stream with its error, at its
+    next event or at its end."""
 
-    __slots__ = ("_ended", "_every", "_last", "_lock", "_send")
+    __slots__ = (
+        "_commenting",
+        "_ended",
+        "_every",
+        "_failure",
+        "_last",
+        "_lock",
+        "_loop",
+        "_send",
+        "_timer",
+    )
 
     def __init__(self, send: Send, every: float) -> None:
         self._send = send
@@ -111,18 +123,32 @@ class _KeptAlive:
         self._lock = asyncio.Lock()
         self._last = monotonic()
         self._ended = False
+        self._failure: Exception | None = None
+        self._loop = asyncio.get_running_loop()
+        self._commenting: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(every, self._due)
 
     async def send(self, message: Message) -> None:
+        if self._failure is not None:
+            raise self._failure
         async with self._lock:
             await self._send(message)
             self._last = monotonic()
             if not message.get("more_body", False):
                 self._ended = True
 
-    async def run(self) -> None:
-        while True:
-            # Never negative: the clock moves on between the check below and this line.
-            await anyio.sleep(max(0.0, self._last + self._every - monotonic()))
+    def _due(self) -> None:
+        if self._ended:
+            return
+        # Never negative: the clock moves on between the check and the timer.
+        wait = self._last + self._every - monotonic()
+        if wait > 0:
+            self._timer = self._loop.call_later(wait, self._due)
+        else:
+            self._commenting = self._loop.create_task(self._comment())
+
+    async def _comment(self) -> None:
+        try:
             async with self._lock:
                 if self._ended:
                     return
@@ -131,6 +157,24 @@ class _KeptAlive:
                         {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
                     )
                     self._last = monotonic()
+        except Exception as exc:
+            self._failure = exc
+            return
+        self._timer = self._loop.call_later(
+            max(0.0, self._last + self._every - monotonic()), self._due
+        )
+
+    async def stop(self) -> None:
+        """Stop the timer and a comment on its way; raise what a comment failed with."""
+        self._ended = True
+        self._timer.cancel()
+        commenting = self._commenting
+        if commenting is not None and not commenting.done():
+            commenting.cancel()
+            with anyio.CancelScope(shield=True), contextlib.suppress(asyncio.CancelledError):
+                await commenting
+        if self._failure is not None:
+            raise self._failure
 
 
 def is_event_stream(response: httpx.Response) -> bool:

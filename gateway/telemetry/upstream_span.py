@@ -76,17 +76,31 @@ class UpstreamCall:
     def current(self) -> Iterator[None]:
         """The span current inside (the HTTP client span becomes its child); an error
         out of it ends the call as failed."""
-        with trace.use_span(
-            self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-        ):
-            try:
+        if not self.span.get_span_context().is_valid:
+            # Tracing off (a no-op span): there is no span to make current, and none in the
+            # context either (only the server span, when traced, puts one there).
+            with self._ending():
                 yield
-            except Exception as exc:
-                self._end(failure=_failure(exc))
-                raise
-            except BaseException:
-                self._end()  # cancelled: the client left, the upstream did not fail
-                raise
+            return
+        with (
+            trace.use_span(
+                self.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+            ),
+            self._ending(),
+        ):
+            yield
+
+    @contextmanager
+    def _ending(self) -> Iterator[None]:
+        """An error out of it ends the call as failed."""
+        try:
+            yield
+        except Exception as exc:
+            self._end(failure=_failure(exc))
+            raise
+        except BaseException:
+            self._end()  # cancelled: the client left, the upstream did not fail
+            raise
 
     def answered(self, status: int, body: bytes) -> None:
         """End the call with its whole answer."""
