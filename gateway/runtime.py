@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     import httpx2
 
 __all__ = ["TRIM_EVERY", "Gateway"]
+
+log = logging.getLogger("contextgate")
 
 TRIM_EVERY: Final = 10.0
 """Seconds between the idle allocator trims (``Gateway._trim_when_idle``)."""
@@ -76,6 +79,7 @@ class Gateway:
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
     _warming: asyncio.Task[None] | None = None
     _trimming: asyncio.Task[None] | None = None
+    _warm_failed: bool = False
 
     def __post_init__(self) -> None:
         self.metrics.watch(self.stores, self.summaries, self.shedder)
@@ -193,18 +197,29 @@ class Gateway:
 
     @property
     def warmed(self) -> bool:
-        """Whether ``warm`` has loaded what it loads."""
-        return self._warming is not None and self._warming.done()
+        """Whether ``warm`` has loaded what it loads (a failed warm-up is logged, and what
+        it did not load is loaded by the first request that needs it)."""
+        task = self._warming
+        return task is not None and task.done() and not task.cancelled() and not task.exception()
 
     async def _warm(self) -> None:
-        await asyncio.to_thread(self.pipeline.counter("o200k_base").load)
-        if self.settings.anthropic.enabled and (
-            self.settings.anthropic.api_key is not None
-            or any(tenant.anthropic_api_key for tenant in self.settings.tenants)
-        ):
-            await self.anthropic.load()
-        gc.collect()
-        gc.freeze()
+        try:
+            await self.pipeline.counter("o200k_base").ready()
+            if self.settings.anthropic.enabled and (
+                self.settings.anthropic.api_key
+                or any(tenant.anthropic_api_key for tenant in self.settings.tenants)
+            ):
+                await self.anthropic.load()
+        except Exception:
+            log.exception("the warm-up failed; the first requests will load what they need")
+            self._warm_failed = True
+            return
+        # What the loading made out of the collector's view, as at start-up, unless requests
+        # are in flight: a collection now would hold the loop up (0.1 s after the SDK's
+        # import), and freezing would keep their cycles for good.
+        if self.draining.in_flight == 0:
+            gc.collect()
+            gc.freeze()
 
     async def _trim_when_idle(self) -> None:
         """Every ``TRIM_EVERY`` seconds with no request in flight, hand the allocator's free

@@ -158,6 +158,7 @@ class Pipeline:
         info = self.catalog.lookup(name)
         budget = Budget.for_request(info, policy, request)
         counter = self.counter(info.encoding)
+        await counter.ready()
         tokens = ConversationTokens(counter)
         threshold = int(min(policy.prepare, policy.trigger) * budget.input_tokens)
         before = await tokens.first(received, threshold=threshold, defer=self._measure_later)

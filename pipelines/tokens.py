@@ -13,6 +13,7 @@ history that is resent with one new message is not tokenized again.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import hashlib
@@ -96,19 +97,28 @@ class EncodingIntegrityError(RuntimeError):
     """A shipped rank file does not hash to the value tiktoken expects."""
 
 
+class _Encoding(tiktoken.Encoding):
+    """A tiktoken ``Encoding`` shared by the process: pickled (and copied) by its name, as
+    the Python copy of its ranks that pickling would read is not kept (``build_encoding``)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return encoding, (self.name,)
+
+
 _BUILT: dict[str, tiktoken.Encoding] = {}
-_BUILDING: Final = threading.Lock()
+_BUILDING: Final = {name: threading.Lock() for name in _ENCODINGS}
 
 
 def encoding(name: str) -> tiktoken.Encoding:
     """The tiktoken ``Encoding`` called ``name``, built from local data and hash-checked at
-    its first use (o200k_base takes 0.3-0.7 s and 43 MB, cl100k_base half that), once per
-    process whichever thread asks first."""
+    its first use (o200k_base takes 0.3-0.7 s and 45 MB, cl100k_base half that), once per
+    process whichever thread asks first. On the event loop, ``TokenCounter.ready`` first:
+    this blocks while the encoding is built."""
     built = _BUILT.get(name)
     if built is None:
         if name not in _ENCODINGS:
             raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}")
-        with _BUILDING:
+        with _BUILDING[name]:
             built = _BUILT.get(name)
             if built is None:
                 built = _BUILT[name] = build_encoding(name, rank_file(name))
@@ -136,11 +146,11 @@ def build_encoding(name: str, rank_file: bytes) -> tiktoken.Encoding:
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
-    built = tiktoken.Encoding(
+    built = _Encoding(
         name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=dict(special_tokens)
     )
     # The Python copy of the ranks (27 MB for o200k_base): the Rust core holds its own and
-    # encodes and decodes with it; only pickling an ``Encoding`` would read this one.
+    # encodes and decodes with it; only pickling would read this one (``_Encoding``).
     built._mergeable_ranks = {}
     return built
 
@@ -218,6 +228,12 @@ class TokenCounter:
     def loaded(self) -> bool:
         """Whether this counter's encoding is built yet."""
         return self._encoding is not None
+
+    async def ready(self) -> None:
+        """Build the encoding in a worker thread if it is not built yet, so that the event
+        loop serves other requests meanwhile (the counts themselves then never wait)."""
+        if self._encoding is None:
+            await asyncio.to_thread(self.load)
 
     def load(self) -> tiktoken.Encoding:
         """The encoding, built now if no counter has built it yet."""

@@ -67,7 +67,7 @@ class AnthropicUpstream(ResponseReading):
         self.base_url = settings.base_url
         self._transport = transport
         self._client: anthropic.AsyncAnthropic | None = None
-        self._loading: asyncio.Lock | None = None
+        self._loading: asyncio.Future[anthropic.AsyncAnthropic] | None = None
 
     @property
     def loaded(self) -> bool:
@@ -75,14 +75,21 @@ class AnthropicUpstream(ResponseReading):
         return self._client is not None
 
     async def load(self) -> anthropic.AsyncAnthropic:
-        """The SDK's client, made at the first call, once (callers wait on one lock), in a
-        worker thread (the SDK's import, its HTTP pool's TLS context), so the event loop
-        serves other requests meanwhile."""
+        """The SDK's client, made at the first call in a worker thread (the SDK's import,
+        its HTTP pool's TLS context), so the event loop serves other requests meanwhile;
+        once: every caller awaits the same making, which a caller that goes away (a client
+        that disconnects) does not cancel. A making that failed is tried again by the next
+        caller."""
         if self._client is None:
-            self._loading = self._loading or asyncio.Lock()
-            async with self._loading:
-                if self._client is None:
-                    self._client = await asyncio.to_thread(self._made)
+            if self._loading is None:
+                self._loading = asyncio.ensure_future(asyncio.to_thread(self._made))
+            loading = self._loading
+            try:
+                self._client = await asyncio.shield(loading)
+            except Exception:
+                if self._loading is loading:
+                    self._loading = None
+                raise
         return self._client
 
     def _made(self) -> anthropic.AsyncAnthropic:

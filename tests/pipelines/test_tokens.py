@@ -339,3 +339,27 @@ def test_a_responses_reasoning_item_counts_its_summary_and_the_reasoning_it_stan
     bare = counter.measure({"role": "assistant", "content": [{"type": "text", "text": summary}]})
     assert with_item - bare == len(encrypted) // 5
     assert with_item < counter.count_text(encrypted) / 3
+
+
+def test_the_pipeline_builds_an_encoding_off_the_event_loop() -> None:
+    # A fresh interpreter (the encodings are built once per process): the first request of
+    # a model counted with cl100k_base builds it in a worker thread, so the event loop goes
+    # on serving other requests meanwhile.
+    code = (
+        "import asyncio, threading\n"
+        "import pipelines.tokens as tokens\n"
+        "from pipelines import Pipeline\n"
+        "built = []\n"
+        "build = tokens.build_encoding\n"
+        "def recording(name, data):\n"
+        "    built.append((name, threading.current_thread() is threading.main_thread()))\n"
+        "    return build(name, data)\n"
+        "tokens.build_encoding = recording\n"
+        "body = {'model': 'gpt-4', 'messages': [{'role': 'user', 'content': 'hi'}]}\n"
+        "asyncio.run(Pipeline().compact(body))\n"
+        "print(built)\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert shown.strip() == "[('cl100k_base', False)]"
