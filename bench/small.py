@@ -165,8 +165,7 @@ def report(
         cells = [payload, mode, f"{med[DIRECT]:.2f}", f"{med[BARE]:.2f}"]
         cells += [f"{med[n]:.2f}" for n in others]
         cells += [
-            f"**{med[n] / med[BARE]:.2f}** ({ratio(figures[n], figures[BARE]):.2f})"
-            for n in ratios
+            f"**{med[n] / med[BARE]:.2f}** ({ratio(figures[n], figures[BARE]):.2f})" for n in ratios
         ]
         if LITELLM in names:
             cells.append(
