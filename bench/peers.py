@@ -2,6 +2,7 @@
 measured by the same client in the same run.
 
     python -m bench.peers [--quick] [--rounds 5] [--output docs/BENCHMARKS.md]
+    python -m bench.peers --only contextgate    # one proxy through the same plan
 
 Each peer is installed at a pinned release in a virtualenv of its own (``bench/peer_envs``)
 and configured as a plain OpenAI-compatible proxy to the mock (``bench/peers_targets``).
@@ -387,6 +388,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run; writes nothing")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--only",
+        help="comma-separated targets to run (e.g. 'contextgate,bare relay'): the same plan"
+        " for fewer proxies, such as contextgate's memory after the run; writes nothing",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     args = parser.parse_args()
     plan = QUICK if args.quick else Plan(rounds=args.rounds)
@@ -396,12 +402,14 @@ def main() -> None:
     mock_port = free_port()
     upstream = f"http://127.0.0.1:{mock_port}/v1"
     ports = {name: free_port() for name in ("contextgate", "LiteLLM", "Headroom", BARE)}
-    proxies = [
-        contextgate(ports["contextgate"], upstream),
-        litellm(ports["LiteLLM"], upstream),
-        headroom(ports["Headroom"], upstream),
-        bare(ports[BARE], upstream),
-    ]
+    makers = {
+        "contextgate": contextgate,
+        "LiteLLM": litellm,
+        "Headroom": headroom,
+        BARE: bare,
+    }
+    chosen = {name.strip() for name in args.only.split(",")} if args.only else set(makers)
+    proxies = [make(ports[name], upstream) for name, make in makers.items() if name in chosen]
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         stack.enter_context(started(mock(mock_port), mock_port))
@@ -410,7 +418,7 @@ def main() -> None:
         figures = measure(plan, running, ports, mock_port)
     figures.load = (load_before, os.getloadavg())
     figures.minutes = (time.monotonic() - began) / 60
-    write(figures, None if args.quick else args.output)
+    write(figures, None if args.quick or args.only else args.output)
 
 
 if __name__ == "__main__":
