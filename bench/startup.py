@@ -185,9 +185,9 @@ def main() -> None:
             print(f"round {round_ + 1}/{args.starts}", file=sys.stderr)
     how = (
         f"{args.starts} starts of each, alternating; load average at the end"
-        f" {os.getloadavg()[0]:.1f}. `python -m bench.startup`"
+        f" {os.getloadavg()[0]:.1f}. `python -m bench.startup"
         + (f" --baseline {args.baseline}" if args.baseline else "")
-        + "."
+        + "`."
     )
     publish(args.output, (RESULTS_START, RESULTS_END), HEADING, how, table(targets))
 

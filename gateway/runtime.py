@@ -40,6 +40,7 @@ __all__ = ["TRIM_EVERY", "Gateway"]
 
 log = logging.getLogger("contextgate")
 
+_WARM_REQUEST: Final = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}
 TRIM_EVERY: Final = 10.0
 """Seconds between the idle allocator trims (``Gateway._trim_when_idle``)."""
 
@@ -186,9 +187,10 @@ class Gateway:
     def warm(self) -> None:
         """Right after the port opens, in the background: load what the first requests
         would otherwise wait for, so that the first costs about what a warm one does (the
-        o200k_base encoding, which counts every OpenAI-family model's tokens; the Anthropic
-        SDK where an Anthropic key is configured, else at the first Claude request;
-        cl100k_base, for older models only, at its first use). The loading runs in worker
+        o200k_base encoding, which counts every OpenAI-family model's tokens, and a first
+        pass through the pipeline; the Anthropic SDK where an Anthropic key is configured,
+        else at the first Claude request; cl100k_base, for older models only, at its
+        first use). The loading runs in worker
         threads, so requests are served meanwhile, each waiting only for what it needs."""
         if self._warming is None:
             loop = asyncio.get_running_loop()
@@ -205,6 +207,10 @@ class Gateway:
     async def _warm(self) -> None:
         try:
             await self.pipeline.counter("o200k_base").ready()
+            # One small request through the pipeline, in process: the first time through
+            # its stages costs about twice a later time (the first client's request would
+            # pay it otherwise). Nothing is sent or stored.
+            await self.pipeline.compact(_WARM_REQUEST)
             if self.settings.anthropic.enabled and (
                 self.settings.anthropic.api_key
                 or any(tenant.anthropic_api_key for tenant in self.settings.tenants)
