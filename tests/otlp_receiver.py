@@ -1,6 +1,7 @@
 """An OTLP/HTTP trace receiver: a real HTTP server on loopback that accepts
 ``POST /v1/traces`` (protobuf), decodes each export with the OpenTelemetry protos and keeps
-the spans, flattened, for tests to look at."""
+the spans, flattened, for tests to look at; or, for a soak whose spans would not fit in
+the test's memory, only counts the exports and their bytes (``keep=False``)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ def _value(value: AnyValue) -> Any:
 
 
 class OTLPReceiver:
-    """The receiver; use as a context manager. ``spans`` grows as exports arrive."""
+    """The receiver; use as a context manager. ``spans`` grows as exports arrive (with
+    ``keep``); ``exports`` and ``bytes`` count them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = True) -> None:
         self.spans: list[ReceivedSpan] = []
         self.exports = 0
+        self.bytes = 0
         self._lock = threading.Lock()
         receiver = self
 
@@ -62,7 +65,11 @@ class OTLPReceiver:
                     self.send_response(404)
                     self.end_headers()
                     return
-                receiver.add(ExportTraceServiceRequest.FromString(body))
+                if keep:
+                    receiver.add(ExportTraceServiceRequest.FromString(body))
+                with receiver._lock:
+                    receiver.exports += 1
+                    receiver.bytes += len(body)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -112,7 +119,6 @@ class OTLPReceiver:
                     )
         with self._lock:
             self.spans.extend(found)
-            self.exports += 1
 
     def wait_for(
         self, found: Callable[[list[ReceivedSpan]], bool], timeout: float = 10.0

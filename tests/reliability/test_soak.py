@@ -29,11 +29,9 @@ import csv
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess, redis_server
+from tests.otlp_receiver import OTLPReceiver
 from tests.reliability.process_watch import LONG, Sample, mock_upstream_process, sample
 
 SECONDS = float(os.environ.get("CONTEXTGATE_SOAK_SECONDS", 7200 if LONG else 50))
@@ -224,53 +223,17 @@ async def _traffic(variant: Variant, seconds: float) -> None:
         await asyncio.gather(*(one_client() for _ in range(CLIENTS)))
 
 
-class TraceSink:
-    """An OTLP/HTTP endpoint on loopback that reads each export and discards it (a soak's
-    spans would not fit in the test's memory), counting exports and bytes."""
-
-    def __init__(self) -> None:
-        self.exports = 0
-        self.bytes = 0
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                sink.exports += 1
-                sink.bytes += len(body)
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> TraceSink:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-
 @pytest.fixture(scope="module")
-def sink() -> Iterator[TraceSink]:
-    with TraceSink() as receiver:
+def sink() -> Iterator[OTLPReceiver]:
+    # The spans are counted, not kept: two hours of them would not fit in the test's memory.
+    with OTLPReceiver(keep=False) as receiver:
         yield receiver
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory: pytest.TempPathFactory, sink: TraceSink) -> Iterator[list[Variant]]:
+def variants(
+    tmp_path_factory: pytest.TempPathFactory, sink: OTLPReceiver
+) -> Iterator[list[Variant]]:
     """The two gateways, in front of one mock upstream process (streams paced at 20 ms an
     event, so some are in flight at every moment). ``CONTEXTGATE_TRACEMALLOC`` passes on to
     both (``gateway.telemetry.heap``), with the variant's name added to the prefix."""
@@ -331,7 +294,7 @@ def _growth(samples: list[Sample]) -> tuple[float, float]:
 
 
 def test_mixed_traffic_leaves_no_memory_descriptor_or_task_behind(
-    variants: list[Variant], sink: TraceSink
+    variants: list[Variant], sink: OTLPReceiver
 ) -> None:
     """After SECONDS of mixed traffic on both gateways at once: no unexpected status, RSS
     growth past SETTLED_AFTER within GROWTH_MIB, descriptors and tasks back to the
@@ -390,7 +353,7 @@ def test_mixed_traffic_leaves_no_memory_descriptor_or_task_behind(
 
 
 def _report(
-    variants: list[Variant], baselines: list[Sample], ends: list[Sample], sink: TraceSink
+    variants: list[Variant], baselines: list[Sample], ends: list[Sample], sink: OTLPReceiver
 ) -> None:
     """Print the figures; with ``CONTEXTGATE_SOAK_OUTPUT``, write them there as JSON."""
     figures = {
