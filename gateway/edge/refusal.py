@@ -34,6 +34,8 @@ __all__ = ["WORK_ROUTES", "refusing_protocol"]
 
 WORK_ROUTES: Final = "/v1/"
 """Paths the protocol may refuse: the API's, none of them public."""
+REFUSED_BODY_WITHIN: Final = 30.0
+"""Seconds a refused request's body may take to arrive before its connection is closed."""
 
 
 def _head_and_body(reason: str, anthropic: bool, keep_alive: bool) -> tuple[bytes, bytes]:
@@ -69,6 +71,10 @@ def refusing_protocol(shedder: Shedder) -> type[asyncio.Protocol] | None:
     }
 
     class RefusingProtocol(HttpToolsProtocol):
+        _refused: Any = None
+        """The refused request whose body is still coming, if any."""
+        _refused_timer: asyncio.TimerHandle | None = None
+
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             scope = cycle.scope
             path: str = scope["path"]
@@ -79,15 +85,42 @@ def refusing_protocol(shedder: Shedder) -> type[asyncio.Protocol] | None:
             ):
                 super()._start_asgi_task(cycle, app)
                 return
-            keep_alive: bool = cycle.keep_alive
+            # A client waiting for ``100 Continue`` will not send the body it announced:
+            # the connection cannot be read on, so the refusal closes it.
+            keep_alive: bool = cycle.keep_alive and not cycle.waiting_for_100_continue
             head, rest = canned[reason, path.startswith(ANTHROPIC_ROUTES), keep_alive]
-            self.transport.write(head + new_request_id().encode() + rest)
+            dated = b"".join(k + b": " + v + b"\r\n" for k, v in self.server_state.default_headers)
+            self.transport.write(head + new_request_id().encode() + b"\r\n" + dated + rest[2:])
             # What uvicorn's cycle does once a response is complete: the body still to
             # come is discarded, and the next request on the connection is read.
             cycle.response_started = cycle.response_complete = True
             cycle.message_event.set()
             if not keep_alive:
                 self.transport.close()
-            cycle.on_response()
+                cycle.on_response()
+            elif cycle.more_body:
+                # Once the body is in (discarded as it comes): had the connection gone
+                # idle now, the next packet of the body would end its idle timer for good.
+                # A body that stops coming closes the connection after a while.
+                self._refused = cycle
+                self._refused_timer = self.loop.call_later(
+                    REFUSED_BODY_WITHIN, self.transport.close
+                )
+            else:
+                cycle.on_response()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            refused = self._refused
+            if refused is not None and refused is self.cycle:
+                self._refused = None
+                if self._refused_timer is not None:
+                    self._refused_timer.cancel()
+                refused.on_response()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused_timer is not None:
+                self._refused_timer.cancel()
+            super().connection_lost(exc)
 
     return RefusingProtocol

@@ -114,3 +114,60 @@ def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_nex
     assert after == b""
     assert 'contextgate_overload_shed_total{reason="in_flight"} 3.0' in metrics
     assert "contextgate_admitted_in_flight 0.0" in metrics
+
+
+def test_a_refused_body_in_later_packets_and_a_client_expecting_100_continue(
+    upstream: MockUpstream,
+) -> None:
+    """One slot, held by a slow request. A refused request whose body comes after its 503
+    (a large body arrives in several reads) keeps its connection in step: the body is
+    discarded, the next request on the connection is answered, and the connection, idle
+    after that, is closed at uvicorn's keep-alive limit as any other. A client that waits
+    for ``100 Continue`` gets the 503 and the close: it will not send its body, so the
+    connection could not be read on. The refusal carries a ``date``, as the application's
+    answers do."""
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        summaries=False,
+        max_in_flight=1,
+    )
+    upstream.push(JSONReply(chat_completion(), delay=3.0))
+    with GatewayServer(settings) as server, httpx.Client(base_url=server.url) as client:
+        holder = threading.Thread(
+            target=client.post,
+            args=("/v1/chat/completions",),
+            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
+        )
+        holder.start()
+        deadline = time.monotonic() + 5
+        while not upstream.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            buffered = bytearray()
+            request = _request("/v1/chat/completions", BODY)
+            head = request[: request.index(b"\r\n\r\n")] + b"\r\nExpect: 100-continue\r\n\r\n"
+            sock.sendall(head)
+            waiting = _answer(sock, buffered)
+            after = sock.recv(1)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+            buffered = bytearray()
+            request = _request("/v1/chat/completions", BODY)
+            head = request[: request.index(b"\r\n\r\n") + 4]
+            sock.sendall(head)
+            refused = _answer(sock, buffered)
+            time.sleep(0.3)
+            sock.sendall(request[len(head) :])
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            healthz = _answer(sock, buffered)
+            idle_from = time.monotonic()
+            closed = sock.recv(1)
+            idle = time.monotonic() - idle_from
+        holder.join()
+    assert refused[0] == 503
+    assert "date" in refused[1]
+    assert healthz[0] == 200
+    assert closed == b""
+    assert idle < 14  # closed by the keep-alive limit (5 s), not left open
+    assert waiting[0] == 503
+    assert waiting[1]["connection"] == "close"
+    assert after == b""
