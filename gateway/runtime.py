@@ -1,7 +1,8 @@
 """The process's parts, built once and held for its lifetime: the settings, the pipeline,
 the stores, the providers, the tenants and limits, the summary service, the metrics; warmed
-after start-up (``warm``) and closed at shutdown. Routes reach them through the application's state
-(``gateway.routes.calls.runtime_of``); below the routes each gets the parts it needs."""
+after start-up (``warm``) and closed at shutdown. Routes reach them through the
+application's state (``gateway.routes.calls.runtime_of``); below the routes each gets the
+parts it needs."""
 
 from __future__ import annotations
 
@@ -190,8 +191,8 @@ class Gateway:
         o200k_base encoding, which counts every OpenAI-family model's tokens, and a first
         pass through the pipeline; the Anthropic SDK where an Anthropic key is configured,
         else at the first Claude request; cl100k_base, for older models only, at its
-        first use). The loading runs in worker
-        threads, so requests are served meanwhile, each waiting only for what it needs."""
+        first use). The loading runs in worker threads, so requests are served meanwhile,
+        each waiting only for what it needs."""
         if self._warming is None:
             loop = asyncio.get_running_loop()
             self._warming = loop.create_task(self._warm())
@@ -202,7 +203,7 @@ class Gateway:
         """Whether ``warm`` has loaded what it loads (a failed warm-up is logged, and what
         it did not load is loaded by the first request that needs it)."""
         task = self._warming
-        return task is not None and task.done() and not task.cancelled() and not task.exception()
+        return task is not None and task.done() and not task.cancelled() and not self._warm_failed
 
     async def _warm(self) -> None:
         try:

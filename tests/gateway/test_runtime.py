@@ -15,6 +15,7 @@ from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import Upstream
 from gateway.runtime import Gateway, _malloc_trim
 from gateway.tenancy.auth import Caller
+from pipelines import TokenCounter
 from tests.harness import GatewayServer
 
 CLIENT = {
@@ -138,3 +139,23 @@ async def test_the_allocator_is_trimmed_while_idle_until_shutdown() -> None:
     await gateway.aclose()
     await asyncio.sleep(0)
     assert trimming.cancelled()
+
+
+async def test_a_failed_warm_up_is_logged_and_not_reported_warm(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gateway = build()
+    try:
+
+        class Unreadable(TokenCounter):
+            async def ready(self) -> None:
+                raise OSError("rank file unreadable")
+
+        gateway.pipeline._counters["o200k_base"] = Unreadable()
+        gateway.warm()
+        assert gateway._warming is not None
+        await gateway._warming
+        assert not gateway.warmed
+        assert "the warm-up failed" in caplog.text
+    finally:
+        await gateway.aclose()
