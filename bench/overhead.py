@@ -42,7 +42,7 @@ import httpx
 import orjson
 
 from bench.load import closed_loop
-from bench.report import machine, quantile, write_block
+from bench.report import machine, quantile, short_head, write_block
 from pipelines import TokenCounter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,18 +271,8 @@ def write_baseline(
 ) -> str:
     """The comparison with the baseline checkout, as its own block of ``output``."""
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    head = subprocess.run(
-        ["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    ours = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    head = short_head(baseline)
+    ours = short_head(ROOT)
     dirty = subprocess.run(
         ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
         capture_output=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +24,16 @@ def machine() -> str:
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def short_head(checkout: Path) -> str:
+    """The short commit a checkout is at (empty when git cannot tell)."""
+    return subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
 
 
 def write_block(output: Path, start: str, end: str, block: str, heading: str = "") -> None:

@@ -35,7 +35,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -44,7 +43,7 @@ from pathlib import Path
 from bench.overhead import ROOT, free_port
 from bench.peers import DIRECT, Payload, Target, attempt, mock
 from bench.peers_targets import BARE, Proxy, bare, contextgate, litellm, started
-from bench.report import machine, write_block
+from bench.report import machine, short_head, write_block
 
 START, END = "<!-- small:start -->", "<!-- small:end -->"
 HEADING = "## Small requests beside the bare relay"
@@ -120,20 +119,10 @@ def report(
     load: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> str:
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    head = short_head(ROOT)
     command = f"python -m bench.small --rounds {args.rounds} --requests {args.requests}"
     if args.baseline is not None:
-        base = subprocess.run(
-            ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        base = short_head(args.baseline)
         command += f" --baseline <checkout of {base}>"
     if args.litellm:
         command += " --litellm"

@@ -116,13 +116,18 @@ def encoding(name: str) -> tiktoken.Encoding:
     this blocks while the encoding is built."""
     built = _BUILT.get(name)
     if built is None:
-        if name not in _ENCODINGS:
-            raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}")
-        with _BUILDING[name]:
+        with _BUILDING[_known(name)]:
             built = _BUILT.get(name)
             if built is None:
                 built = _BUILT[name] = build_encoding(name, rank_file(name))
     return built
+
+
+def _known(name: str) -> str:
+    """``name``, if it is an encoding the pipeline has (else ``ValueError``)."""
+    if name not in _ENCODINGS:
+        raise ValueError(f"unknown encoding {name!r}; known: {sorted(_ENCODINGS)}")
+    return name
 
 
 def rank_file(name: str) -> bytes:
@@ -203,9 +208,7 @@ class TokenCounter:
     def __init__(self, encoding_name: str = "o200k_base", *, max_entries: int = 200_000) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
-        if encoding_name not in _ENCODINGS:
-            raise ValueError(f"unknown encoding {encoding_name!r}; known: {sorted(_ENCODINGS)}")
-        self.encoding_name = encoding_name
+        self.encoding_name = _known(encoding_name)
         self._encoding: tiktoken.Encoding | None = None
         self._cache: dict[CacheKey, int] = {}
         self._prints: dict[CacheKey, bytes] = {}

@@ -43,15 +43,16 @@ class GatewayServer:
             served, log_level="warning", lifespan="on", ws_max_size=settings.max_body_bytes
         )
         gateway = self.app.state.gateway
-        self._server = DrainingServer(
-            config,
-            gateway.draining,
-            min(settings.shutdown_grace, 2),
-            gateway.shedder,
-            warm=lambda: self.warmed.append(self._server.started) or gateway.warm(),
-        )
         self.warmed: list[bool] = []
         """Whether the server had started (its port open) each time it warmed the gateway."""
+
+        def warm() -> None:
+            self.warmed.append(self._server.started)
+            gateway.warm()
+
+        self._server = DrainingServer(
+            config, gateway.draining, min(settings.shutdown_grace, 2), gateway.shedder, warm
+        )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -2,10 +2,10 @@
 namespaces.
 
 ``Stores.build`` picks Redis when ``redis_url`` is set (and only then imports its client),
-else memory. Namespaces keep
-callers apart: in passthrough mode a caller's namespace is a keyed hash (HMAC under the
-store's secret) of the upstream key it sends, so a ref written for one key is not found
-with another, and neither the key nor a public hash of it is ever stored.
+else memory. Namespaces keep callers apart: in passthrough mode a caller's namespace is a
+keyed hash (HMAC under the store's secret) of the upstream key it sends, so a ref written
+for one key is not found with another, and neither the key nor a public hash of it is ever
+stored.
 """
 
 from __future__ import annotations

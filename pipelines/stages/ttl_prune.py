@@ -209,10 +209,10 @@ class TtlPrune:
         key = self._rewrite_key(ctx, index, messages, kind)
         if new is None or key is None:
             return
-        found = REF_PATTERN.search(str(new.get("content", "")))
+        content = str(new.get("content", ""))
+        found = REF_PATTERN.search(content)
         if found is None:
             return
-        content = str(new.get("content", ""))
         self._rewrites.put(key, (new, found.group()), text_bytes(content) + _REWRITE_BYTES)
 
     async def _archive(

@@ -47,6 +47,24 @@ def _answer(sock: socket.socket, buffered: bytearray) -> tuple[int, dict[str, st
     return int(lines[0].split()[1]), headers, rest[:length]
 
 
+def _hold_the_slot(
+    client: httpx.Client, upstream: MockUpstream, *, delay: float
+) -> threading.Thread:
+    """A chat request that holds the gateway's one slot for ``delay`` seconds, on a thread
+    (join it), once it has reached the upstream."""
+    upstream.push(JSONReply(chat_completion(), delay=delay))
+    holder = threading.Thread(
+        target=client.post,
+        args=("/v1/chat/completions",),
+        kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
+    )
+    holder.start()
+    deadline = time.monotonic() + 5
+    while not upstream.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return holder
+
+
 def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_next(
     upstream: MockUpstream,
 ) -> None:
@@ -60,18 +78,9 @@ def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_nex
         summaries=False,
         max_in_flight=1,
     )
-    upstream.push(JSONReply(chat_completion(), delay=1.0))
     with GatewayServer(settings) as server, httpx.Client(base_url=server.url) as client:
         assert server.protocol.__name__ == "RefusingProtocol"
-        holder = threading.Thread(
-            target=client.post,
-            args=("/v1/chat/completions",),
-            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
-        )
-        holder.start()
-        deadline = time.monotonic() + 5
-        while not upstream.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
+        holder = _hold_the_slot(client, upstream, delay=1.0)
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             buffered = bytearray()
             sock.sendall(_request("/v1/chat/completions", BODY) + _request("/v1/messages", CLAUDE))
@@ -81,15 +90,7 @@ def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_nex
             holder.join()
             sock.sendall(_request("/v1/chat/completions", BODY))
             served = _answer(sock, buffered)
-        upstream.push(JSONReply(chat_completion(), delay=1.0))
-        holder = threading.Thread(
-            target=client.post,
-            args=("/v1/chat/completions",),
-            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
-        )
-        holder.start()
-        while not upstream.in_flight and time.monotonic() < deadline + 5:
-            time.sleep(0.01)
+        holder = _hold_the_slot(client, upstream, delay=1.0)
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             buffered = bytearray()
             sock.sendall(_request("/v1/chat/completions", BODY, close=True))
@@ -131,17 +132,8 @@ def test_a_refused_body_in_later_packets_and_a_client_expecting_100_continue(
         summaries=False,
         max_in_flight=1,
     )
-    upstream.push(JSONReply(chat_completion(), delay=3.0))
     with GatewayServer(settings) as server, httpx.Client(base_url=server.url) as client:
-        holder = threading.Thread(
-            target=client.post,
-            args=("/v1/chat/completions",),
-            kwargs={"content": BODY, "headers": {"authorization": "Bearer sk-test"}},
-        )
-        holder.start()
-        deadline = time.monotonic() + 5
-        while not upstream.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
+        holder = _hold_the_slot(client, upstream, delay=3.0)
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             buffered = bytearray()
             request = _request("/v1/chat/completions", BODY)
