@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import gc
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -37,13 +38,25 @@ from pipelines import ConversationState, ModelCatalog, Pipeline, Policy
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["TRIM_EVERY", "Gateway"]
+__all__ = ["TRIM_EVERY", "TRIM_OVER", "Gateway"]
 
 log = logging.getLogger("contextgate")
 
 _WARM_REQUEST: Final = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}
 TRIM_EVERY: Final = 10.0
 """Seconds between the idle allocator trims (``Gateway._trim_when_idle``)."""
+TRIM_OVER: Final = 8 * 1024 * 1024
+"""Bytes RSS must have grown by since the last trim for the next to be worth making."""
+_PAGE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _resident() -> int:
+    """The process's RSS in bytes (0 where ``/proc`` cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except OSError:
+        return 0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -233,14 +246,20 @@ class Gateway:
         memory back to the system (glibc's ``malloc_trim``; nothing elsewhere). After a
         burst of large requests the C allocator keeps the pages it freed, and the
         process's RSS stays at the burst's peak (5-6 MB above what it holds after a run of
-        100K-token requests); a trim takes about a millisecond."""
+        100K-token requests); a trim takes about a millisecond. Only once RSS has grown by
+        ``TRIM_OVER`` since the last trim: below that there is little to give back, and
+        the pages given back are faulted in again by the next requests."""
         trim = _malloc_trim()
         if trim is None:
             return
+        if self._warming is not None:  # what the warm-up loads is kept: measured from there
+            await asyncio.wait((self._warming,))
+        floor = _resident()
         while True:
             await asyncio.sleep(TRIM_EVERY)
-            if self.draining.in_flight == 0:
+            if self.draining.in_flight == 0 and _resident() - floor >= TRIM_OVER:
                 trim(0)
+                floor = _resident()
 
     async def aclose(self) -> None:
         for task in (self._warming, self._trimming):
