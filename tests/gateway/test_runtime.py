@@ -13,7 +13,7 @@ from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from gateway.errors import InvalidRequest
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import Upstream
-from gateway.runtime import Gateway, _malloc_trim
+from gateway.runtime import Gateway, _malloc_trim, _resident
 from gateway.tenancy.auth import Caller
 from pipelines import TokenCounter
 from tests.harness import GatewayServer
@@ -139,6 +139,32 @@ async def test_the_allocator_is_trimmed_while_idle_until_shutdown() -> None:
     await gateway.aclose()
     await asyncio.sleep(0)
     assert trimming.cancelled()
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="glibc's malloc_trim: nothing to trim")
+async def test_what_a_burst_freed_goes_back_to_the_system_once_it_is_over() -> None:
+    """A burst's freed memory, which glibc keeps below what is still held, is given back
+    within seconds once nothing is in flight, not left at the burst's peak."""
+    gateway = build()
+    gateway.warm()
+    assert gateway._warming is not None
+    await gateway._warming
+    await asyncio.sleep(0.1)  # the trim's floor is read once the warm-up is done
+    try:
+        burst = [bytes(1024) for _ in range(40_000)]  # 40 MiB, each block malloc's own
+        kept = bytes(1024)  # allocated above the burst: the heap's top cannot shrink
+        peak = _resident()
+        del burst
+        given_back = 0
+        for _ in range(50):  # 5 s: a trim comes 0.5-1 s after the last request
+            await asyncio.sleep(0.1)
+            given_back = peak - _resident()
+            if given_back >= 24 * 1024 * 1024:
+                break
+        assert given_back >= 24 * 1024 * 1024, f"{given_back / 2**20:.1f} MiB given back"
+        assert kept
+    finally:
+        await gateway.aclose()
 
 
 async def test_a_failed_warm_up_is_logged_and_not_reported_warm(

@@ -385,11 +385,11 @@ def _memory_kib(pid: int, field: str) -> int:
 
 
 def test_large_file_is_streamed_not_held(upstream: MockUpstream, tmp_path: Any) -> None:
-    """An 8 MiB upload and its download through a ``contextgate serve`` process grow its
+    """A 16 MiB upload and its download through a ``contextgate serve`` process grow its
     peak memory by well under the file's size: the bytes stream through."""
     routes = upstream.handler = OpenAIRoutes()
     config = f"upstream:\n  base_url: {upstream.base_url}\nsummaries: false\n"
-    content = os.urandom(8 * 1024 * 1024)
+    content = os.urandom(16 * 1024 * 1024)
     with ServeProcess(config, str(tmp_path)) as process, client(process.base_url) as via:
         pid = process.process.pid
         warm = via.files.create(file=("warm.bin", content[:600_000]), purpose="batch")
@@ -401,12 +401,11 @@ def test_large_file_is_streamed_not_held(upstream: MockUpstream, tmp_path: Any) 
         assert routes.files[uploaded.id] == content
         assert via.files.content(uploaded.id).content == content
         growth = _memory_kib(pid, "VmHWM") - before
-    print(f"gateway peak RSS growth over an 8 MiB upload and download: {growth} KiB")
-    # Holding the file in either direction costs at least its 8 MiB (13-18 MiB measured),
-    # while streaming measured 0.4-1.1 MiB, with the allocator's occasional spikes up to
-    # 4.6 MiB (the same before and after the upstream change of 2026-11-24, on an Intel
-    # host where 2 MiB failed one run in six).
-    assert growth < 6 * 1024, growth
+    print(f"gateway peak RSS growth over a 16 MiB upload and download: {growth} KiB")
+    # Holding the file in either direction costs at least its size. Streaming it measured
+    # 3.7 MiB or 7.3-7.5 MiB (in about a third of runs, on a busy host; the same with 8 MiB
+    # and 16 MiB files, so an allocation of the process's and not the file's bytes).
+    assert growth < 12 * 1024, growth
 
 
 @pytest.mark.parametrize(
