@@ -19,7 +19,10 @@ from pipelines.checkpoints import SummaryJob, chain_of
 from pipelines.summary import FIELDS, LIST_FIELDS, Summary, SummaryFailed
 from tests.harness import free_port
 
-SETTINGS = StoreSettings(timeout=0.2)
+SETTINGS = StoreSettings(timeout=2.0)
+"""A deadline a busy CI host meets: at 0.2 s, Redis calls timed out under load, opened the
+breaker, and the replicas' lock failed with "circuit open" (a refused connection, the
+store-down case, fails at once whatever the deadline)."""
 MESSAGES = [
     {"role": "user", "content": "Book flight IB6251 for reservation ABC123."},
     {"role": "assistant", "content": "Booked IB6251 on ABC123."},
