@@ -62,7 +62,11 @@ run: install
 	$(BIN)/python -m compileall -q gateway pipelines
 	$(BIN)/contextgate serve --host $(HOST) --port $(PORT)
 
+# Byte-compiled first, as for `run`: the tests start dozens of Python processes (gateways,
+# mock upstreams, the CLI), and with PYTHONDONTWRITEBYTECODE set each would compile the
+# sources again.
 test: install-dev $(HELM) $(CHROMIUM) $(CLAUDE) $(CODEX)
+	$(BIN)/python -m compileall -q gateway pipelines bench tests
 	$(BIN)/python -m pytest
 
 # The reliability tests in their long form: a two-hour soak (SOAK_SECONDS) of two gateways

@@ -59,7 +59,7 @@ class Position:
 class PrefixCache:
     """The cache of one organisation's prompts, across requests and conversations."""
 
-    __slots__ = ("_entries", "counter", "lookback", "min_tokens", "ttl")
+    __slots__ = ("_entries", "_tokens", "counter", "lookback", "min_tokens", "ttl")
 
     def __init__(
         self, counter: TokenCounter, *, ttl: int = 300, min_tokens: int = 1_024, lookback: int = 20
@@ -68,6 +68,10 @@ class PrefixCache:
         self.ttl, self.min_tokens, self.lookback = ttl, min_tokens, lookback
         self._entries: dict[bytes, tuple[float, int]] = {}
         """Prefix hash -> (expiry, lifetime)."""
+        self._tokens: dict[bytes, int] = {}
+        """Prefix hash -> tokens of the block that ends it: a replayed conversation sends the
+        same blocks again with every request, and counting them again was most of a replay's
+        time."""
 
     def positions(self, request: Mapping[str, Any]) -> list[Position]:
         """The request's blocks in the order the cache sees them."""
@@ -77,7 +81,12 @@ class PrefixCache:
             plain = without_markers(block)
             data = orjson.dumps(plain, option=orjson.OPT_SORT_KEYS)
             digest = hashlib.blake2b(digest + kind.encode() + data, digest_size=16).digest()
-            out.append(Position(digest, self.counter.count_text(data.decode()), _marker(block)))
+            tokens = self._tokens.get(digest)
+            if tokens is None:
+                if len(self._tokens) >= 65_536:
+                    self._tokens.clear()
+                tokens = self._tokens[digest] = self.counter.count_text(data.decode())
+            out.append(Position(digest, tokens, _marker(block)))
         return out
 
     def usage(self, request: Mapping[str, Any], now: float) -> dict[str, int]:

@@ -70,6 +70,14 @@ def client(gateway: GatewayServer) -> Iterator[anthropic.Anthropic]:
         yield sdk
 
 
+@pytest.fixture
+def http(gateway: GatewayServer) -> Iterator[httpx.Client]:
+    """One HTTP client for a test's hundreds of requests, as a client in a session has: a
+    client made per request loads the CA bundle each time (20-30 ms)."""
+    with httpx.Client(base_url=gateway.url, timeout=30) as session:
+        yield session
+
+
 def direct(upstream: MockUpstream) -> anthropic.Anthropic:
     """The SDK pointed at the mock itself: what a client gets without the gateway."""
     return anthropic.Anthropic(
@@ -630,7 +638,7 @@ def marked_blocks(request: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def test_replayed_sessions_read_their_prompt_from_the_cache(
-    gateway: GatewayServer, upstream: MockUpstream
+    http: httpx.Client, upstream: MockUpstream
 ) -> None:
     """tau-bench sessions through /v1/messages to a mock that bills like Anthropic's prompt
     cache: with the gateway's markers most of the prompt is read from the cache, with
@@ -654,14 +662,13 @@ def test_replayed_sessions_read_their_prompt_from_the_cache(
             for history in requests_of(trajectory):
                 clock[0] += 5
                 request = to_messages({"model": "claude-sonnet-4-6", "messages": history})
-                response = httpx.post(
-                    f"{gateway.url}/v1/messages",
+                response = http.post(
+                    "/v1/messages",
                     json=request,
                     headers={
                         "x-contextgate-policy": policy,
                         "x-contextgate-conversation": f"replay-{policy[:5]}-{number}",
                     },
-                    timeout=30,
                 )
                 usage = response.json()["usage"]
                 read += usage["cache_read_input_tokens"]
@@ -684,7 +691,7 @@ def tau_bench() -> list[list[dict[str, Any]]]:
 
 
 def test_a_clients_own_markers_stay_and_the_total_stays_within_four(
-    gateway: GatewayServer, upstream: MockUpstream
+    http: httpx.Client, upstream: MockUpstream
 ) -> None:
     """A client that marks its system prompt (1 hour) and its first two user turns keeps
     exactly those markers on exactly those blocks; the gateway adds at most one more, on
@@ -695,7 +702,7 @@ def test_a_clients_own_markers_stay_and_the_total_stays_within_four(
         for history in requests_of(trajectory):
             upstream.received.clear()
             request = client_marked(history)
-            response = httpx.post(f"{gateway.url}/v1/messages", json=request, timeout=30)
+            response = http.post("/v1/messages", json=request)
             assert response.status_code == 200
             sent = upstream.received[0].json()
             ours, theirs = marked_blocks(request), marked_blocks(sent)

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +371,7 @@ async def test_a_request_with_no_record_prepares_nothing() -> None:
     assert service.later_jobs == []
 
 
+@cache  # the grid tests build the same agent loops hundreds of times (10 million draws)
 def words(seed: int, count: int) -> str:
     chosen = random.Random(seed)
     return " ".join(f"word{chosen.randint(0, 999)}" for _ in range(count))
