@@ -89,7 +89,7 @@ class Gateway:
     structured_refused: set[str] = field(default_factory=set)
     """Models whose provider refused structured output for summaries."""
     draining: Draining = field(default_factory=Draining)
-    """Shutdown state: started on SIGTERM by ``gateway.edge.drain.DrainingServer``."""
+    """Shutdown state: started on SIGTERM by ``gateway.edge.server.DrainingServer``."""
     ledger: LedgerWriter | None = None
     """Writes each request's ledger entry (``None`` with the inspector off)."""
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
