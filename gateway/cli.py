@@ -73,8 +73,10 @@ def _port(text: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.edge.server import Config, DrainingServer  # uvicorn's, less its command line
+    from gateway.runtime import one_malloc_arena
     from gateway.telemetry.heap import watch_heap
 
+    one_malloc_arena()  # before any thread starts
     watch_heap()
     if args.log_level not in LEVELS:
         print(
