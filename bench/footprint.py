@@ -1,8 +1,8 @@
 """Where a gateway process's memory and start-up time go: the largest holders of memory
 (``tracemalloc``, by package) and of import time (``python -X importtime``, by package)
-in a new process that builds the application (``create_app``, the defaults) and loads
-what its first request needs (the o200k_base encoding), with the process's RSS after
-each step.
+in a new process that imports the server ``contextgate serve`` runs, builds the
+application (``create_app``, the defaults) and loads what its first request needs (the
+o200k_base encoding), with the process's RSS after each step.
 
     python -m bench.footprint [--baseline DIR] [--output docs/BENCHMARKS.md]
 
@@ -30,6 +30,12 @@ RESULTS = ("<!-- footprint:start -->", "<!-- footprint:end -->")
 HEADING = "## Where the memory and the start-up time go"
 SHOWN = 14
 
+_IMPORTS = """import gateway.cli, gateway.app
+try:
+    import gateway.edge.server  # the server, as `serve` loads it (older checkouts: gateway.app)
+except ImportError:
+    pass
+"""
 _PROBE = r"""
 import json, sys, time, tracemalloc
 traced = sys.argv[1] == "traced"
@@ -41,7 +47,7 @@ def rss():
             return int(line.split()[1]) / 1024
 steps = {"interpreter": rss()}
 began = time.perf_counter()
-import gateway.cli, gateway.app
+IMPORTS
 steps["imported"] = rss()
 imported = time.perf_counter() - began
 from gateway.config import load_settings
@@ -55,7 +61,7 @@ if traced:
         holders[stat.traceback[0].filename] = holders.get(stat.traceback[0].filename, 0) + stat.size
 print(json.dumps({"steps": steps, "holders": holders, "modules": len(sys.modules),
                   "import_s": imported}))
-"""
+""".replace("IMPORTS\n", _IMPORTS)
 
 
 def _package(filename: str) -> str:
@@ -79,7 +85,7 @@ def _import_times(python: str, env: dict[str, str], cwd: Path) -> Counter[str]:
     """Self import time (ms) by top-level package (``gateway.x`` and ``pipelines.x`` kept
     apart), from ``-X importtime``."""
     done = subprocess.run(
-        [python, "-X", "importtime", "-c", "import gateway.cli, gateway.app"],
+        [python, "-X", "importtime", "-c", _IMPORTS],
         env=env,
         cwd=cwd,
         capture_output=True,

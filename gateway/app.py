@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from litestar import Litestar, Request, Response
+from litestar.config.app import AppConfig
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import RedocRenderPlugin
@@ -110,11 +111,20 @@ class _Litestar(Litestar):
     """Litestar without the plugins it adds by itself for pydantic (and attrs) whenever
     they are installed: the gateway's handlers take and give bytes and msgspec structs,
     and pydantic is there only for the anthropic SDK, which is loaded at the first Claude
-    request. Litestar's pydantic plugins cost 8 MB and a fifth of a second at start-up."""
+    request. Litestar's pydantic plugins cost 8 MB and a fifth of a second at start-up.
+
+    Nor does it look for its own OpenTelemetry middleware among the gateway's: the server
+    span is the gateway's (``ServerSpans``), and looking imports Litestar's OpenTelemetry
+    plugin, which tries the instrumentation packages installed for the HTTP clients
+    (8 ms and a dozen modules at every start, traced or not)."""
 
     @staticmethod
     def _get_default_plugins(plugins: list[PluginProtocol]) -> list[PluginProtocol]:
         return [*plugins, MsgspecDIPlugin()]
+
+    @staticmethod
+    def _patch_opentelemetry_middleware(config: AppConfig) -> AppConfig:
+        return config
 
 
 def create_app(

@@ -71,14 +71,13 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.edge.server import Config, DrainingServer  # uvicorn's, less its command line
+    from gateway.runtime import one_malloc_arena
     from gateway.telemetry.heap import watch_heap
 
+    one_malloc_arena()  # before any thread starts
     watch_heap()
-    import uvicorn
-
-    from gateway.app import create_app
-    from gateway.edge.drain import DrainingServer
-
     if args.log_level not in LEVELS:
         print(
             f"contextgate: unknown log level {args.log_level!r}; one of {', '.join(LEVELS)}",
@@ -88,7 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     configure_logging(args.log_level)
     app = create_app(settings)
-    config = uvicorn.Config(
+    config = Config(
         app,
         host=args.host,
         port=args.port,

@@ -19,7 +19,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.edge.drain import DrainingServer
+from gateway.edge.server import DrainingServer
 
 
 def free_port() -> int:

@@ -1,7 +1,8 @@
 """Graceful shutdown: on SIGTERM, stop taking requests, let those in flight finish within
 ``shutdown_grace``, then end what is left with an error the client can read.
 
-The sequence, driven by ``DrainingServer`` (uvicorn's server with the drain started first):
+The sequence, driven by ``gateway.edge.server.DrainingServer`` (uvicorn's server with the
+drain started first):
 
 1. the listening sockets close, idle keep-alive connections close, and connections with a
    request in flight will close after its response; ``/readyz`` answers 503 ``draining``;
@@ -20,20 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Final
 
 import anyio
-import uvicorn
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.context.record import record_of
-from gateway.edge.accept import EagerAccept
-from gateway.edge.overload import Shedder
-from gateway.edge.refusal import refusing_protocol
 from gateway.errors import ShuttingDown
 from gateway.http.responses import (
     ANTHROPIC_ROUTES,
@@ -44,12 +39,9 @@ from gateway.http.responses import (
     send_error,
 )
 
-__all__ = ["Drain", "Draining", "DrainingServer"]
+__all__ = ["Drain", "Draining"]
 
 log = logging.getLogger("contextgate.drain")
-
-_BACKSTOP: Final = 5.0
-"""Seconds uvicorn waits past the grace period before cancelling what is left itself."""
 
 
 class Draining:
@@ -207,75 +199,3 @@ class _Progress:
                 if number is not None:
                     self.last_number = number
         await self._send(message)
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, which on SIGTERM (or SIGINT) starts the gateway's drain before
-    its own shutdown; uvicorn's limit is set a little past the grace period, as a backstop.
-    Given the gateway's shedder, its httptools protocol refuses overload as requests are
-    read (``gateway.edge.refusal``)."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        draining: Draining,
-        grace: float,
-        shedder: Shedder | None = None,
-        warm: Callable[[], None] | None = None,
-    ) -> None:
-        """``warm``: called once the port is open (``Gateway.warm``)."""
-        config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
-        if shedder is not None and config.http in ("auto", "httptools"):
-            protocol = refusing_protocol(shedder)
-            if protocol is not None:
-                config.http = protocol
-        super().__init__(config)
-        self._draining = draining
-        self._grace = grace
-        self._shedder = shedder
-        self._warm = warm
-        self._accept: EagerAccept | None = None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start-up; then every waiting connection is taken in at once
-        (``gateway.edge.accept``), the shedder reports the accept queue
-        (``gateway.edge.overload``) and what is loaded lazily is warmed."""
-        await super().startup(sockets)
-        listening = [sock for server in self.servers for sock in server.sockets]
-        config = self.config
-
-        def protocol(loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            # What uvicorn's own start-up builds for the connections its servers accept.
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config,
-                server_state=self.server_state,
-                app_state=self.lifespan.state,
-                _loop=loop,
-            )
-
-        self._accept = EagerAccept(listening, protocol, config.ssl)
-        if self._shedder is not None:
-            self._shedder.listen_on(listening)
-        if self._warm is not None and not self.should_exit:
-            self._warm()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self._draining.begin(self._grace)
-        if self._accept is not None:
-            self._accept.close()
-        # uvicorn closes a WebSocket at once (1012); the gateway's connections end their
-        # response in flight and close themselves first (gateway.routes.responses_socket).
-        for server in self.servers:
-            server.close()
-        await self._draining.sockets_closed(self._grace + 1)
-        await super().shutdown(sockets)
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """uvicorn raises the signal again once it has shut down, so the process dies of
-        it; a signal answered by a complete graceful shutdown ends the process with 0."""
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()

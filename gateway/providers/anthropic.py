@@ -2,18 +2,18 @@
 only. What goes in and comes out is Anthropic's own bytes (``send_messages``,
 ``count_tokens``); translating them for another API is the codecs' (``gateway.codecs``).
 
-The SDK client is made once, when the first request goes to Anthropic (importing the SDK
-takes a second and some 60 MB, which a gateway serving only OpenAI-compatible models never
-pays; ``load`` does it off the event loop, and the gateway calls it in the background after
-start-up when an Anthropic key is configured: ``Gateway.warm``), with its own HTTP pool,
-the upstream timeouts and ``max_retries=0`` (retries are the caller's, as with any
-upstream, so they never multiply), and it is copied per request with the caller's key
-(``Authorization: Bearer`` or ``x-api-key``, or the tenant's upstream key). The client's
-headers go along (``anthropic-version``, ``anthropic-beta``, ``user-agent``, ...), but
-for those the SDK sets for its own call (``_OWN``). An error status comes back as
-Anthropic answered it, with its headers less those of its transfer; a transport failure is
-the gateway's own error (a timeout 504, else 502), and once a stream has begun
-``UpstreamStreamBroken``.
+The SDK client is made once, when the first request goes to Anthropic (importing the SDK and
+its HTTP library, httpx2, takes a second and some 60 MB, which a gateway serving only
+OpenAI-compatible models never pays; ``load`` does it off the event loop, and the gateway
+calls it in the background after start-up when an Anthropic key is configured:
+``Gateway.warm``), with its own HTTP pool, the upstream timeouts and ``max_retries=0``
+(retries are the caller's, as with any upstream, so they never multiply), and it is copied
+per request with the caller's key (``Authorization: Bearer`` or ``x-api-key``, or the
+tenant's upstream key). The client's headers go along (``anthropic-version``,
+``anthropic-beta``, ``user-agent``, ...), but for those the SDK sets for its own call
+(``_OWN``). An error status comes back as Anthropic answered it, with its headers less those
+of its transfer; a transport failure is the gateway's own error (a timeout 504, else 502),
+and once a stream has begun ``UpstreamStreamBroken``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import httpx
-import httpx2
 
 from gateway.config import AnthropicSettings, UpstreamSettings
 from gateway.errors import (
@@ -34,8 +33,9 @@ from gateway.errors import (
 from gateway.providers.openai import ResponseReading, redacted
 from gateway.telemetry.tracing import traced_sdk_transport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # both loaded with the SDK (``load``)
     import anthropic
+    import httpx2
 
 __all__ = ["AnthropicUpstream"]
 
@@ -94,6 +94,7 @@ class AnthropicUpstream(ResponseReading):
 
     def _made(self) -> anthropic.AsyncAnthropic:
         import anthropic
+        import httpx2  # the SDK's HTTP library, which the SDK's import loads anyway
 
         upstream = self.settings
         timeout = httpx2.Timeout(
@@ -139,7 +140,8 @@ class AnthropicUpstream(ResponseReading):
     ) -> httpx.Response:
         key = _key(headers)
         client = (await self.load()).with_options(api_key=key)
-        import anthropic  # loaded by ``load``: a lookup now
+        import anthropic  # loaded by ``load``: lookups now
+        import httpx2
 
         extra = {
             name: value
@@ -199,6 +201,8 @@ class _Bytes(httpx.AsyncByteStream):
         self.response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        import httpx2  # loaded with the SDK: a lookup
+
         try:
             async for chunk in self.response.aiter_bytes():
                 yield chunk

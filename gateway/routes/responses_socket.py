@@ -34,6 +34,11 @@ shutdown (``gateway.edge.drain``) an idle connection is closed with 1001 at once
 after the last event of its response in flight; a ``response.create`` that comes meanwhile,
 or a response the grace period cuts short, gets an ``error`` event
 (``gateway_shutting_down``) before the close.
+
+The upstream's side is the ``websockets`` library's client, imported by the first
+connection (the functions that use it import its names), as uvicorn's side of it is at the
+first upgrade (``gateway.edge.server``): a process whose clients never open one does not
+hold it.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
@@ -57,8 +62,6 @@ from litestar.types import (
     WebSocketResponseStartEvent,
 )
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from gateway.codecs.responses import (
     chat_usage,
@@ -86,6 +89,9 @@ from gateway.runtime import Gateway
 from gateway.store.shared import namespace_id
 from gateway.tenancy.auth import Caller, identify
 from gateway.tenancy.limits import Lease
+
+if TYPE_CHECKING:  # websockets is loaded at the first connection (see the module's doc)
+    from websockets.asyncio.client import ClientConnection
 
 __all__ = ["responses_socket"]
 
@@ -157,6 +163,9 @@ async def _open_upstream(
     query = scope.get("query_string", b"")
     if query:
         url += "?" + query.decode("latin-1")
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus, WebSocketException
+
     key = gateway.upstream_key(caller, "")  # the OpenAI-compatible upstream's, any model
     sent = [
         (name, value)
@@ -322,6 +331,8 @@ class _Connection:
     # -- the client's side -------------------------------------------------------------
 
     async def _from_client(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
         limit = self.gateway.settings.max_body_bytes
         while True:
             event = await self.socket.receive()
@@ -365,6 +376,8 @@ class _Connection:
 
     async def _create(self, message: dict[str, Any], text: str) -> None:
         """A ``response.create``: admitted, compacted, sent up."""
+        from websockets.exceptions import ConnectionClosed
+
         record = RequestRecord(new_request_id())
         record.caller = self.caller
         response = _Response(record, None, perf_counter(), time.time(), None, False)
@@ -460,6 +473,8 @@ class _Connection:
         if self.closed:
             return
         self.closed = True
+        from websockets.exceptions import WebSocketException
+
         with contextlib.suppress(RuntimeError, OSError, WebSocketException, WebSocketDisconnect):
             await self.socket.close(code=_sendable(code), reason=reason[:120])
 
@@ -467,6 +482,8 @@ class _Connection:
 
     async def _from_upstream(self, upstream: ClientConnection) -> None:
         """Every server event to the client, in order; the upstream's close relayed."""
+        from websockets.exceptions import ConnectionClosed
+
         try:
             async for message in upstream:
                 self.heard = time.monotonic()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import tracemalloc
 from types import FrameType
 from typing import Final
 
@@ -29,6 +28,8 @@ def watch_heap() -> None:
     prefix = os.environ.get(ENV)
     if not prefix:
         return
+    import tracemalloc  # only where asked for
+
     numbers = itertools.count(1)
 
     def dump(signum: int, frame: FrameType | None) -> None:

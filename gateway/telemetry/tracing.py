@@ -28,10 +28,10 @@ import os
 from typing import TYPE_CHECKING, Final
 
 import httpx
-import httpx2
 from opentelemetry import trace
 
 if TYPE_CHECKING:
+    import httpx2  # the anthropic SDK's, loaded with it
     import redis.asyncio as aioredis
     from opentelemetry.sdk.trace.export import SpanExporter
     from redis.asyncio.cluster import RedisCluster

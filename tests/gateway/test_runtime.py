@@ -4,7 +4,10 @@ which key and headers."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -126,6 +129,36 @@ def test_the_server_warms_the_gateway_once_its_port_is_open() -> None:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5):
             pass
         assert server.warmed == [True]
+
+
+_THREAD_ALLOCATES = """
+import ctypes, sys, threading
+from gateway.runtime import one_malloc_arena
+print(one_malloc_arena())
+kept = []
+thread = threading.Thread(target=lambda: kept.extend(bytes(2000) for _ in range(100)))
+thread.start()
+thread.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena n:" paragraph per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="glibc's allocator only")
+@pytest.mark.parametrize("arenas", [None, "8"])
+def test_one_arena_serves_every_thread_unless_the_operator_says_otherwise(
+    arenas: str | None,
+) -> None:
+    """``one_malloc_arena`` has a worker thread allocate from the main arena; where
+    ``MALLOC_ARENA_MAX`` is set it leaves glibc as told (the thread gets its own)."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    if arenas is not None:
+        env["MALLOC_ARENA_MAX"] = arenas
+    done = subprocess.run(
+        [sys.executable, "-c", _THREAD_ALLOCATES], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(arenas is None)
+    assert ("Arena 1:" in done.stderr) is (arenas is not None)
 
 
 @pytest.mark.skipif(_malloc_trim() is None, reason="glibc's malloc_trim: nothing to trim")

@@ -25,7 +25,6 @@ import secrets
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-import jiter
 import orjson
 
 from gateway.codecs.anthropic_envelopes import error_body
@@ -141,6 +140,8 @@ def _input(arguments: Any) -> dict[str, Any]:
     try:
         parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:
+        import jiter  # arguments cut short: rare, and jiter's library is 0.5 MB to hold
+
         try:
             parsed = jiter.from_json(arguments.encode(), partial_mode=True)
         except ValueError:

@@ -9,13 +9,13 @@ conversation, read from the ledger (``gateway.store.ledger``).
 - ``POST /ui/session`` (form field ``key``) opens a session, ``POST /ui/logout`` ends it;
 - ``GET /ui/static/...``: the stylesheet and the poller; ``GET /`` goes to ``/ui/``.
 
-Server-rendered (``gateway/ui/templates``, Jinja2 escaping everything), no inline script
-or style, nothing fetched from elsewhere. The routes are public to admission
-(``gateway.edge.admission``): they authenticate by their own signed cookie
-(``session.py``), which holds the namespace a key named, never the key. Every response
-under ``/ui`` carries ``SECURITY_HEADERS``: pages and static files by their routers'
-``after_request`` hook, errors by ``error_page``, which the application's own 404 and 405
-under ``/ui`` come to too (``is_inspector``). With ``inspector.ui`` or
+Server-rendered (``gateway/ui/templates``, Jinja2 escaping everything, loaded with the
+first page: ``engine.py``), no inline script or style, nothing fetched from elsewhere. The
+routes are public to admission (``gateway.edge.admission``): they authenticate by their own
+signed cookie (``session.py``), which holds the namespace a key named, never the key. Every
+response under ``/ui`` carries ``SECURITY_HEADERS``: pages and static files by their
+routers' ``after_request`` hook, errors by ``error_page``, which the application's own 404
+and 405 under ``/ui`` come to too (``is_inspector``). With ``inspector.ui`` or
 ``inspector.enabled`` off there are no such routes: ``/ui/`` is a 404.
 """
 
@@ -27,13 +27,12 @@ from typing import Any, Final
 
 from litestar import Request, Response, Router, get
 from litestar.exceptions import HTTPException
-from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from gateway.config.inspector import InspectorSettings
-from gateway.routes.inspector.formats import prepare_engine
+from gateway.routes.inspector.engine import InspectorTemplates
 from gateway.routes.inspector.pages import (
     FRAGMENT,
     close_session,
@@ -142,8 +141,7 @@ def inspector_routes(settings: InspectorSettings) -> list[Router]:
     return [pages, static]
 
 
-def inspector_templates() -> TemplateConfig[JinjaTemplateEngine]:
-    """The inspector's templates, rendered by Jinja2 with autoescaping."""
-    return TemplateConfig(
-        directory=TEMPLATES, engine=JinjaTemplateEngine, engine_callback=prepare_engine
-    )
+def inspector_templates() -> TemplateConfig[InspectorTemplates]:
+    """The inspector's templates, rendered by Jinja2 with autoescaping (loaded with the
+    first page: ``InspectorTemplates``)."""
+    return TemplateConfig(directory=TEMPLATES, engine=InspectorTemplates)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
-from jinja2 import Environment
-from litestar.plugins.jinja import JinjaTemplateEngine
-
 from gateway.routes.inspector.views import number, segments
+
+if TYPE_CHECKING:  # loaded with the first page (``gateway.routes.inspector.engine``)
+    from jinja2 import Environment
+    from litestar.plugins.jinja import JinjaTemplateEngine
 
 __all__ = [
     "FILTERS",

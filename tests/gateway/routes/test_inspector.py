@@ -19,8 +19,9 @@ from litestar.testing import AsyncTestClient
 from gateway.app import create_app
 from gateway.config import Settings, StoreSettings, TenantSettings, UpstreamSettings
 from gateway.config.inspector import InspectorSettings
-from gateway.routes.inspector import CONTENT_SECURITY_POLICY
+from gateway.routes.inspector import CONTENT_SECURITY_POLICY, TEMPLATES
 from gateway.routes.inspector.chart import chart_of
+from gateway.routes.inspector.engine import InspectorTemplates
 from gateway.routes.inspector.formats import ago, money, percent, tokens
 from gateway.routes.inspector.session import COOKIE, LIFETIME, opened, sealed
 from gateway.runtime import Gateway
@@ -708,6 +709,22 @@ async def test_switched_off_every_ui_route_is_404(switch: dict[str, bool]) -> No
 
 
 # ---- the parts -------------------------------------------------------------------------
+
+
+def test_the_templates_are_loaded_with_the_first_page_and_keep_what_was_registered() -> None:
+    """The engine is made when the first template is asked for, with the inspector's
+    filters and the callables registered before it (Litestar's, at start-up)."""
+    engine = InspectorTemplates(TEMPLATES)
+    engine.register_template_callable("shout", lambda context, text: text.upper())
+    assert not engine.loaded
+    rendered = engine.render_string("{{ shout('ok') }} {{ 1234567 | tokens }}", {})
+    assert engine.loaded
+    assert rendered == "OK 1,234,567"
+    engine.register_template_callable("whisper", lambda context, text: text.lower())
+    assert engine.render_string("{{ whisper('OK') }} {{ '<b>' }}", {}) == "ok &lt;b&gt;"
+    assert engine.get_template("error.html").render(
+        status=404, detail="gone", viewer=None, signed_in=False
+    )
 
 
 def test_a_session_opens_only_as_it_was_sealed() -> None:
