@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from functools import partial
 from typing import Any, TypeVar
 
 from litestar.types import Receive
@@ -68,30 +67,47 @@ async def while_connected(receive: Receive, work: Awaitable[T]) -> T:
     """The result of ``work``, unless the client disconnects first: then ``work`` is
     cancelled and ``ClientDisconnected`` raised.
 
-    ``work`` runs as a task of its own, which the watcher of the client's channel cancels
-    when the channel says the client has gone (a no-op once ``work`` is done); the watcher
-    is cancelled as soon as ``work`` ends, without waiting for it to wind down (it only
-    awaits the channel). This costs the request no ``asyncio.wait`` and no turn of the
-    loop beyond ``work``'s own, twice a request on the chat path."""
-    task = asyncio.ensure_future(work)
+    ``work`` is awaited in the calling task, beside a watcher of the client's channel,
+    which cancels the calling task when the channel says the client has gone, as
+    ``asyncio.timeout`` does for a deadline: that cancellation is taken back
+    (``Task.uncancel``) and told from any other (the drain, a timeout), which goes on as
+    it came. The watcher is cancelled as soon as ``work`` ends, without waiting for it to
+    wind down (it only awaits the channel). This costs the request one task (the
+    watcher), no ``asyncio.wait`` and no turn of the loop beyond ``work``'s own, twice a
+    request on the chat path."""
+    current = asyncio.current_task()
+    assert current is not None, "while_connected runs in a task"
     watcher = asyncio.ensure_future(_disconnected(receive))
-    watcher.add_done_callback(partial(_cancel, task))
+    left = _Left(current)
+    watcher.add_done_callback(left)
     try:
-        result = await task
+        return await work
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if not task.cancelled() or (current is not None and current.cancelling()):
-            raise  # cancelled itself (the drain, a timeout), not by the client leaving
+        if not left.cancelled or current.uncancel() > 0:
+            raise  # cancelled by someone else (the drain, a timeout) too
         _raise_failure(watcher)
         raise ClientDisconnected("The client closed the connection before the answer.") from None
     finally:
+        left.watching = False
         watcher.cancel()
-    _raise_failure(watcher)
-    return result
 
 
-def _cancel(task: asyncio.Future[Any], _: object) -> None:
-    task.cancel()
+class _Left:
+    """The watcher's done callback: cancels the task awaiting the work while it still
+    does, once (a watcher that failed reading the channel counts as the client gone: its
+    failure is raised instead of ``ClientDisconnected``)."""
+
+    __slots__ = ("cancelled", "task", "watching")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.watching = True
+        self.cancelled = False
+
+    def __call__(self, watcher: asyncio.Future[None]) -> None:
+        if self.watching and not watcher.cancelled():
+            self.cancelled = True
+            self.task.cancel()
 
 
 def _raise_failure(watcher: asyncio.Future[None]) -> None:
