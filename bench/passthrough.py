@@ -23,9 +23,13 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 
 
-def build(upstream: str) -> Litestar:
+def build(upstream: str, transport: httpx.AsyncBaseTransport | None = None) -> Litestar:
+    """The relay to ``upstream`` (``transport``: an in-process one, for ``bench.instructions``)."""
     client = httpx.AsyncClient(
-        base_url=upstream, limits=httpx.Limits(max_connections=None), timeout=60
+        base_url=upstream,
+        limits=httpx.Limits(max_connections=None),
+        timeout=60,
+        transport=transport,
     )
 
     @post("/v1/chat/completions", status_code=200)

@@ -227,13 +227,16 @@ def _recorded(
 ) -> ConversationState:
     """The conversation's record after this request: what the stages carry to the next
     request, and the history as received."""
-    after = state or ConversationState()
-    if ctx.carry:
-        after = after.with_cuts(**ctx.carry)
     # A request that breaks its cached prefix misses the cache as a cold one does: the
     # provider's hit rate on it says nothing about the cache for the next request.
     missed = cold or report.cache_break is not None
-    return after.with_history(received.messages, sent_tokens=report.tokens_after, cold=missed)
+    return (state or _NEW).with_history(
+        received.messages, sent_tokens=report.tokens_after, cold=missed, cuts=ctx.carry
+    )
+
+
+_NEW: Final = ConversationState()
+"""The record of a conversation not seen before (frozen, so one serves every request)."""
 
 
 async def _in_thread(job: Callable[[], object]) -> None:

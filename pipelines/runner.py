@@ -21,7 +21,7 @@ from time import perf_counter
 from typing import Any, Final
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, StatusCode, Tracer
+from opentelemetry.trace import ProxyTracer, ProxyTracerProvider, Span, StatusCode, Tracer
 
 from pipelines.conversation import Conversation
 from pipelines.counting import ConversationTokens
@@ -47,19 +47,30 @@ async def run_stages(
     tracer: Tracer = TRACER,
 ) -> Conversation:
     """Run ``stages`` over ``conversation``, appending one ``StageReport`` each."""
+    if not _may_record(tracer):
+        counted = _CountedStore(ctx.store) if ctx.store is not None else None
+        current = report.tokens_before
+        for stage in stages:
+            conversation = await _run(stage, conversation, ctx, report, tokens, current, counted)
+            current = report.stages[-1].tokens_after
+        report.tokens_after = current
+        return conversation
     with tracer.start_as_current_span(
         "contextgate.pipeline", record_exception=False, set_status_on_exception=False
     ) as span:
         traced = span.is_recording()
+        counted = _CountedStore(ctx.store) if ctx.store is not None else None
         current = report.tokens_before
         try:
             for stage in stages:
                 if traced:
                     conversation = await _traced(
-                        tracer, stage, conversation, ctx, report, tokens, current
+                        tracer, stage, conversation, ctx, report, tokens, current, counted
                     )
                 else:
-                    conversation = await _run(stage, conversation, ctx, report, tokens, current)
+                    conversation = await _run(
+                        stage, conversation, ctx, report, tokens, current, counted
+                    )
                 current = report.stages[-1].tokens_after
         except RequestRejected as exc:
             if traced:
@@ -81,6 +92,16 @@ async def run_stages(
     return conversation
 
 
+def _may_record(tracer: Tracer) -> bool:
+    """Whether ``tracer``'s spans may record: not while it is the API's proxy and no SDK
+    is installed (tracing off), when every span is a no-op and making one current
+    changes nothing any code can see. Then the spans are not made at all."""
+    return not (
+        isinstance(tracer, ProxyTracer)
+        and isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+    )
+
+
 async def _run(
     stage: Stage,
     conversation: Conversation,
@@ -88,14 +109,18 @@ async def _run(
     report: Report,
     tokens: ConversationTokens,
     current: int,
+    counted: _CountedStore | None,
 ) -> Conversation:
     """One stage over ``conversation`` (of ``current`` tokens), fail-open, with its report
-    appended."""
+    appended; ``counted`` is the request's store as the stages see it, noting the refs
+    each writes."""
     ctx.details = {}
     ctx.off_the_wire = False
     carried, compacted, boundary = dict(ctx.carry), ctx.compacted, ctx.boundary
     store = ctx.store
-    written = ctx.store = _CountedStore(store) if store is not None else None
+    if counted is not None:
+        counted.written = []
+        ctx.store = counted
     started = perf_counter()
     error: str | None = None
     try:
@@ -117,6 +142,7 @@ async def _run(
     finally:
         ctx.store = store
     elapsed = (perf_counter() - started) * 1000
+    written = counted.written if counted is not None else None
     report.stages.append(
         StageReport(
             stage.name,
@@ -126,7 +152,7 @@ async def _run(
             changed,
             error,
             ctx.details,
-            tuple(written.written) if written is not None else (),
+            tuple(written) if written else (),
         )
     )
     return result
@@ -140,6 +166,7 @@ async def _traced(
     report: Report,
     tokens: ConversationTokens,
     current: int,
+    counted: _CountedStore | None,
 ) -> Conversation:
     """``_run`` in a span of its own."""
     with tracer.start_as_current_span(
@@ -148,7 +175,7 @@ async def _traced(
         set_status_on_exception=False,
     ) as span:
         try:
-            result = await _run(stage, conversation, ctx, report, tokens, current)
+            result = await _run(stage, conversation, ctx, report, tokens, current, counted)
         except RequestRejected as exc:
             span.set_attribute("contextgate.rejected", exc.code)
             raise
@@ -173,9 +200,9 @@ def _describe(span: Span, stage: StageReport, refs: int) -> None:
 
 
 class _CountedStore:
-    """A stage's view of the request's offload store, noting the refs ``put`` returns and
-    the size of what each holds; everything else (``get``, a store's ``touch``) is the
-    store's own."""
+    """The stages' view of the request's offload store, noting the refs ``put`` returns
+    and the size of what each holds (``written``: the running stage's, a new list for
+    each); everything else (``get``, a store's ``touch``) is the store's own."""
 
     __slots__ = ("store", "written")
 

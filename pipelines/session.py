@@ -143,19 +143,25 @@ class ConversationState:
         )
 
     def with_history(
-        self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
+        self,
+        messages: Sequence[Message],
+        *,
+        sent_tokens: int,
+        cold: bool,
+        cuts: Mapping[str, Any] | None = None,
     ) -> ConversationState:
-        """This state after sending ``messages`` (as ``sent_tokens``); ``cold``: they went
-        out on a cold cache or broke the cached prefix."""
-        return _replace(
-            self,
-            seen=len(messages),
-            last_digest=digest(messages[-1]) if messages else "",
-            also_seen=0,
-            also_digest="",
-            sent_tokens=sent_tokens,
-            cold_sent=cold,
-        )
+        """This state after sending ``messages`` (as ``sent_tokens``), with the ``cuts``
+        the request applied first (``with_cuts``); ``cold``: they went out on a cold
+        cache or broke the cached prefix."""
+        history = {
+            "seen": len(messages),
+            "last_digest": digest(messages[-1]) if messages else "",
+            "also_seen": 0,
+            "also_digest": "",
+            "sent_tokens": sent_tokens,
+            "cold_sent": cold,
+        }
+        return _replace(self, **{**cuts, **history} if cuts else history)
 
     def standing_for(
         self, messages: Sequence[Message], *, sent_tokens: int, cold: bool
@@ -217,14 +223,27 @@ class ConversationState:
 
 
 def _replace(state: ConversationState, **changes: Any) -> ConversationState:
-    values = {name: getattr(state, name) for name in _FIELDS}
-    values.update(changes)
-    return ConversationState(**values)
+    """``state`` with ``changes``, made as the dataclass's ``__init__`` makes a state but
+    through each field's slot directly: a frozen class's ``__init__`` sets its 28 fields
+    one ``object.__setattr__`` call each, after taking them as keywords, twice the work
+    (a request makes two new states). The class has no ``__post_init__`` to run."""
+    if not changes.keys() <= _NAMES:
+        unknown = ", ".join(sorted(changes.keys() - _NAMES))
+        raise TypeError(f"ConversationState has no field {unknown}")
+    new = object.__new__(ConversationState)
+    for name, get, put in _SLOTS:
+        put(new, changes[name] if name in changes else get(state))
+    return new
 
 
 _FIELDS: Final = tuple(f.name for f in fields(ConversationState))
-"""Looked up once: ``dataclasses.fields`` builds its answer on every call, and a request
-makes two or three new states."""
+"""Looked up once: ``dataclasses.fields`` builds its answer on every call."""
+_NAMES: Final = frozenset(_FIELDS)
+_SLOTS: Final = tuple(
+    (name, ConversationState.__dict__[name].__get__, ConversationState.__dict__[name].__set__)
+    for name in _FIELDS
+)
+"""Each field's name and its slot's getter and setter."""
 
 
 def cache_status(state: ConversationState | None, *, ttl: int, now: float) -> tuple[bool, str]:

@@ -29,7 +29,7 @@ from gateway.context.call import Call, Services
 from gateway.context.compaction import ChatRequest
 from gateway.context.restore import Resend, ResendStream, Restorer
 from gateway.errors import UpstreamStreamBroken
-from gateway.http.client import while_connected
+from gateway.http.client import ClientWatch
 from gateway.http.headers import report_headers
 from gateway.http.responses import first_event, is_event_stream
 from gateway.http.sse import close
@@ -175,29 +175,33 @@ async def exchange(
     record.restores = restorer.stats if restorer is not None else None
     sent_at, sending = time.time(), perf_counter()
     span = UpstreamCall.start(upstream.provider, outgoing)
-    with span.current():
-        sending_it = wire.send(outgoing, headers, encoded=chat.content)
-        response = await while_connected(call.receive, sending_it)
-    ours = report_headers(call.request_id, result.report, own_ms)
-    ours["x-contextgate-attempts"] = str(attempt)
-    predicted = result.report.cache_break
-    if predicted is not None:
-        ours[CACHE_BREAK_HEADER] = predicted
-    sent = _Sent(services, call, chat, wire, headers, restorer, sent_at, sending, ours)
-    if is_event_stream(response):
-        return await sent.streamed(response, span)
-    limit = None if response.is_success else upstream.settings.max_error_body_bytes
-    with span.current():
-        body = await while_connected(call.receive, upstream.read_body(response, limit))
-        if response.is_success:
-            wire.check(body)
-    span.answered(response.status_code, body)
-    services.metrics.upstream_answered(
-        upstream.provider, perf_counter() - sending, response.is_success
-    )
-    if retry and is_context_overflow(response.status_code, body):
-        return Overflowed(Buffered(response, body, ours), chat)
-    return await sent.buffered(response, body)
+    watch = ClientWatch(call.receive)
+    try:
+        with span.current():
+            sending_it = wire.send(outgoing, headers, encoded=chat.content)
+            response = await watch.run(sending_it)
+        ours = report_headers(call.request_id, result.report, own_ms)
+        ours["x-contextgate-attempts"] = str(attempt)
+        predicted = result.report.cache_break
+        if predicted is not None:
+            ours[CACHE_BREAK_HEADER] = predicted
+        sent = _Sent(services, call, chat, wire, headers, restorer, sent_at, sending, ours)
+        if is_event_stream(response):
+            return await sent.streamed(response, span, watch)
+        limit = None if response.is_success else upstream.settings.max_error_body_bytes
+        with span.current():
+            body = await watch.run(upstream.read_body(response, limit))
+            if response.is_success:
+                wire.check(body)
+        span.answered(response.status_code, body)
+        services.metrics.upstream_answered(
+            upstream.provider, perf_counter() - sending, response.is_success
+        )
+        if retry and is_context_overflow(response.status_code, body):
+            return Overflowed(Buffered(response, body, ours), chat)
+        return await sent.buffered(response, body, watch)
+    finally:
+        watch.close()
 
 
 def _restorer(services: Services, chat: ChatRequest) -> Restorer:
@@ -228,10 +232,12 @@ class _Sent:
     sending: float
     ours: dict[str, str]
 
-    async def streamed(self, response: httpx.Response, span: UpstreamCall) -> Buffered | Streamed:
-        wire, upstream, call = self.wire, self.wire.upstream, self.call
+    async def streamed(
+        self, response: httpx.Response, span: UpstreamCall, watch: ClientWatch
+    ) -> Buffered | Streamed:
+        wire, upstream = self.wire, self.wire.upstream
         events = span.streamed(response.status_code, upstream.events(response))
-        first = await while_connected(call.receive, first_event(events))
+        first = await watch.run(first_event(events))
         failed = wire.stream_error(first)
         self.services.metrics.upstream_answered(
             upstream.provider, perf_counter() - self.sending, failed is None
@@ -251,7 +257,7 @@ class _Sent:
         remembering = _Remembering(self, relayed, metered, tracker)
         return Streamed(response, first, remembering, self.ours)
 
-    async def buffered(self, response: httpx.Response, body: bytes) -> Buffered:
+    async def buffered(self, response: httpx.Response, body: bytes, watch: ClientWatch) -> Buffered:
         # The first answer's usage is the conversation's: its next request has none of the
         # restore rounds' turns (the client's body still adds every round up).
         usage = self.wire.usage(body) if response.is_success else None
@@ -259,9 +265,8 @@ class _Sent:
         restorer, outgoing = self.restorer, self.chat.result.request
         if response.is_success and restorer is not None:
             try:
-                body = await while_connected(
-                    self.call.receive,
-                    self.wire.complete(body, restorer, _resend(self.wire, outgoing, self.headers)),
+                body = await watch.run(
+                    self.wire.complete(body, restorer, _resend(self.wire, outgoing, self.headers))
                 )
             except UpstreamAnswered as answered:
                 response, body = answered.response, answered.body

@@ -9,15 +9,15 @@ client leaves, so a cancelled request stops costing tokens upstream.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
-from functools import partial
 from typing import Any, TypeVar
 
 from litestar.types import Receive
 
 from gateway.errors import ClientDisconnected, PayloadTooLarge, RequestTimeout
 
-__all__ = ["read_body", "while_connected"]
+__all__ = ["ClientWatch", "read_body", "while_connected"]
 
 T = TypeVar("T")
 
@@ -66,32 +66,89 @@ async def _disconnected(receive: Receive) -> None:
 
 async def while_connected(receive: Receive, work: Awaitable[T]) -> T:
     """The result of ``work``, unless the client disconnects first: then ``work`` is
-    cancelled and ``ClientDisconnected`` raised.
-
-    ``work`` runs as a task of its own, which the watcher of the client's channel cancels
-    when the channel says the client has gone (a no-op once ``work`` is done); the watcher
-    is cancelled as soon as ``work`` ends, without waiting for it to wind down (it only
-    awaits the channel). This costs the request no ``asyncio.wait`` and no turn of the
-    loop beyond ``work``'s own, twice a request on the chat path."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    watcher.add_done_callback(partial(_cancel, task))
+    cancelled and ``ClientDisconnected`` raised (``ClientWatch.run`` with a watch of its
+    own)."""
+    watch = ClientWatch(receive)
     try:
-        result = await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if not task.cancelled() or (current is not None and current.cancelling()):
-            raise  # cancelled itself (the drain, a timeout), not by the client leaving
-        _raise_failure(watcher)
-        raise ClientDisconnected("The client closed the connection before the answer.") from None
+        return await watch.run(work)
     finally:
-        watcher.cancel()
-    _raise_failure(watcher)
-    return result
+        watch.close()
 
 
-def _cancel(task: asyncio.Future[Any], _: object) -> None:
-    task.cancel()
+class ClientWatch:
+    """The client's channel watched while one request awaits its upstream, across the
+    awaits of an exchange (the answer's headers, then its body or first event): one
+    watcher task for all of them, cancelled by ``close``.
+
+    ``run`` awaits its work in the calling task, beside the watcher, which cancels that
+    task when the channel says the client has gone, as ``asyncio.timeout`` does for a
+    deadline: that cancellation is taken back (``Task.uncancel``) and told from any other
+    (the drain, a timeout), which goes on as it came. A task per await and a watcher
+    per await cost a chat request a tenth of its work in the gateway (counted in
+    instructions, ``bench.instructions``); this costs it one task, no ``asyncio.wait`` and
+    no turn of the loop beyond the work's own."""
+
+    __slots__ = ("_watcher",)
+
+    def __init__(self, receive: Receive) -> None:
+        self._watcher = asyncio.ensure_future(_disconnected(receive))
+
+    async def run(self, work: Awaitable[T]) -> T:
+        """The result of ``work``, unless the client disconnects first (or had, since the
+        last ``run``): then ``work`` is cancelled (or never started) and
+        ``ClientDisconnected`` raised."""
+        watcher = self._watcher
+        if watcher.done():
+            _discard(work)
+            _raise_failure(watcher)
+            raise ClientDisconnected("The client closed the connection before the answer.")
+        current = asyncio.current_task()
+        assert current is not None, "a client is watched from a task"
+        left = _Left(current)
+        watcher.add_done_callback(left)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not left.cancelled or current.uncancel() > 0:
+                raise  # cancelled by someone else (the drain, a timeout) too
+            _raise_failure(watcher)
+            raise ClientDisconnected(
+                "The client closed the connection before the answer."
+            ) from None
+        finally:
+            left.watching = False
+            watcher.remove_done_callback(left)
+
+    def close(self) -> None:
+        """Stop watching, without waiting for the watcher to wind down (it only awaits
+        the channel)."""
+        self._watcher.cancel()
+
+
+def _discard(work: Awaitable[Any]) -> None:
+    """``work`` that will not be awaited, closed (a coroutine) or cancelled (a task)."""
+    if inspect.iscoroutine(work):
+        work.close()
+    elif isinstance(work, asyncio.Future):
+        work.cancel()
+
+
+class _Left:
+    """The watcher's done callback: cancels the task awaiting the work while it still
+    does, once (a watcher that failed reading the channel counts as the client gone: its
+    failure is raised instead of ``ClientDisconnected``)."""
+
+    __slots__ = ("cancelled", "task", "watching")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.watching = True
+        self.cancelled = False
+
+    def __call__(self, watcher: asyncio.Future[None]) -> None:
+        if self.watching and not watcher.cancelled():
+            self.cancelled = True
+            self.task.cancel()
 
 
 def _raise_failure(watcher: asyncio.Future[None]) -> None:

@@ -42,6 +42,19 @@ async def test_a_chat_request_goes_under_the_base_path_with_the_callers_key(base
     assert orjson.loads(sent.content)["messages"] == MESSAGES
 
 
+async def test_a_request_goes_up_as_httpx_would_send_it() -> None:
+    """The request's headers are those httpx gives a body sent whole, in its order: Host
+    first, the forwarded ones and httpx's defaults, Content-Length last."""
+    async with in_process(answer) as gateway:
+        await gateway.openai(KEY).chat.completions.create(model="gpt-4o", messages=MESSAGES)  # type: ignore[arg-type]
+    (sent,) = gateway.received
+    ours = [(k, v) for k, v in sent.headers.raw if k.lower() not in (b"host", b"content-length")]
+    expected = httpx.Request("POST", sent.url, headers=ours, content=sent.content)
+    assert sent.headers.raw == expected.headers.raw
+    assert sent.headers.raw[0] == (b"Host", b"upstream.test")
+    assert sent.headers.raw[-1] == (b"Content-Length", str(len(sent.content)).encode())
+
+
 async def test_a_configured_key_replaces_the_callers() -> None:
     settings = UpstreamSettings(base_url="http://upstream.test/v1", api_key="sk-configured-0001")
     async with in_process(answer, upstream=settings) as gateway:
