@@ -72,3 +72,47 @@ async def test_summarised_records_take_no_more_memory_than_the_bound() -> None:
     assert await records.checkpoint("ns", "c1999") is not None
     assert await records.get("ns", "c0") is None
     assert 100 < len(records) < 2_000
+
+
+def answered(number: int, tools: int) -> ConversationState:
+    """A record as a conversation past 16 answers leaves it, with ``tools`` tools: an id
+    for each of its last 16 answers and a fingerprint for each tool, read back from JSON
+    (each string an object of its own, as the answers' and requests' parsing makes them)."""
+    state = ConversationState(
+        last_seen=1.0,
+        calls=20,
+        seen=40,
+        last_digest=os.urandom(12).hex(),
+        model_hash=os.urandom(8).hex(),
+        system_hash=os.urandom(8).hex(),
+        sent_last=os.urandom(8).hex(),
+        sent_prompt=os.urandom(12).hex(),
+        tool_hashes=tuple(os.urandom(8).hex() for _ in range(tools)),
+        answer_ids=tuple(f"chatcmpl-{os.urandom(15).hex()[:29]}" for _ in range(16)),
+    )
+    return ConversationState.from_json(state.to_json())
+
+
+async def test_records_of_long_conversations_take_no_more_memory_than_the_bound() -> None:
+    """A record keeps its conversation's last 16 answer ids and a fingerprint per tool
+    (1.5 KB and 3 KB here): counted at a flat 1 KB, the records held 2.5-5 times their
+    bound. Counted as held, they stay within it."""
+    bound = 1_000_000
+    for tools in (0, 40):
+        warm = MemoryConversations(max_bytes=bound)  # the allocator's free lists, filled
+        for number in range(2_000):
+            await warm.put("ns", f"c{number}", answered(number, tools))
+        del warm
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            records = MemoryConversations(max_bytes=bound)
+            for number in range(2_000):
+                namespace = f"key:{os.urandom(16).hex()}"  # an object per request, as served
+                await records.put(namespace, f"c{number}", answered(number, tools))
+            used = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert used <= bound, tools
+        assert records.size <= bound
+        assert 100 < len(records) < 2_000
