@@ -392,6 +392,7 @@ def test_the_timeline_updates_while_the_session_runs(
 ) -> None:
     """A request entered while the page is open appears within a poll, without a reload."""
     page, problems = watched
+    page.clock.install()  # the poll's 5 s run at once below, not waited out
     log_in(page, server, GLOBEX_KEY)
     page.get_by_role("link", name="Globex quarterly numbers").click()
     expect(page.locator("table.requests tbody tr")).to_have_count(1)
@@ -401,6 +402,7 @@ def test_the_timeline_updates_while_the_session_runs(
     later = summary("cg-globex-2", time.time(), client=7_500, upstream=7_000)
     ledger = server.app.state.gateway.stores.ledger
     run(ledger.add("tenant:globex", "globex-1", entry(later, None, "")))
+    page.clock.run_for(5_000)
     expect(page.locator("table.requests tbody tr")).to_have_count(2, timeout=12_000)
     expect(page.locator("figure.chart circle.dot.upstream")).to_have_count(2)
     assert loads == []
