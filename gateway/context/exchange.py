@@ -176,6 +176,7 @@ async def exchange(
     sent_at, sending = time.time(), perf_counter()
     span = UpstreamCall.start(upstream.provider, outgoing)
     watch = ClientWatch(call.receive)
+    response: httpx.Response | None = None
     try:
         with span.current():
             sending_it = wire.send(outgoing, headers, encoded=chat.content)
@@ -200,6 +201,14 @@ async def exchange(
         if retry and is_context_overflow(response.status_code, body):
             return Overflowed(Buffered(response, body, ours), chat)
         return await sent.buffered(response, body, watch)
+    except BaseException:
+        # A client gone before ``read_body`` or ``first_event`` started: ``ClientWatch.run``
+        # closes their coroutines unstarted, so their own ``aclose`` never ran and the
+        # upstream connection would stay checked out of the pool (and a stream running).
+        if response is not None and not response.is_closed:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+        raise
     finally:
         watch.close()
 

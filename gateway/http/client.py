@@ -106,11 +106,15 @@ class ClientWatch:
         assert current is not None, "a client is watched from a task"
         left = _Left(current)
         watcher.add_done_callback(left)
+        taken_back = False
         try:
             return await work
         except asyncio.CancelledError:
-            if not left.cancelled or current.uncancel() > 0:
-                raise  # cancelled by someone else (the drain, a timeout) too
+            if not left.cancelled:
+                raise  # cancelled by someone else (the drain, a timeout)
+            taken_back = True
+            if current.uncancel() > 0:
+                raise  # cancelled by someone else too
             _raise_failure(watcher)
             raise ClientDisconnected(
                 "The client closed the connection before the answer."
@@ -118,6 +122,10 @@ class ClientWatch:
         finally:
             left.watching = False
             watcher.remove_done_callback(left)
+            if left.cancelled and not taken_back:
+                # The work swallowed our cancellation (or turned it into another error):
+                # take it back all the same, or the task stays "cancelling" for good.
+                current.uncancel()
 
     def close(self) -> None:
         """Stop watching, without waiting for the watcher to wind down (it only awaits

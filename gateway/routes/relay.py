@@ -317,7 +317,15 @@ async def _send(
             body_sent.cancel()
         if sending.done():
             return sending.result()
-    return await while_connected(receive, sending)
+    try:
+        return await while_connected(receive, sending)
+    except BaseException:
+        # ``sending`` finished in the same turn as the client left (or the drain ended
+        # the request): its response, open, was dropped with the result; close it.
+        if sending.done() and not sending.cancelled() and sending.exception() is None:
+            with anyio.CancelScope(shield=True):
+                await sending.result().aclose()
+        raise
 
 
 _NOT_RELAYED: Final = HOP_BY_HOP | {"date", "server", "set-cookie"}

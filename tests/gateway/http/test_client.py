@@ -79,3 +79,29 @@ async def test_work_is_cancelled_when_the_client_leaves() -> None:
         await while_connected(channel(then_wait=False), slow())
     assert cancelled.is_set()
     assert await while_connected(channel(), asyncio.sleep(0, "fast")) == "fast"
+
+
+async def test_a_cancellation_the_work_swallowed_is_taken_back_all_the_same() -> None:
+    """The client leaves and the work turns the watcher's cancellation into its own error
+    (a cleanup failing): the error comes out and the task is no longer "cancelling", so a
+    later timeout or task group in the same request still works."""
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, str]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def work() -> None:
+        try:
+            asyncio.get_running_loop().call_soon(gone.set)
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    with pytest.raises(RuntimeError):
+        await while_connected(receive, work())
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    async with asyncio.timeout(0.05):
+        await asyncio.sleep(0)
