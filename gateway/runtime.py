@@ -276,8 +276,9 @@ class Gateway:
         connections); a trim takes about a millisecond. Every ``TRIM_TICK`` the process is
         looked at; it is trimmed when two looks in a row found no request in flight (so a
         single pause between two requests of steady traffic is not taken for the end of a
-        burst; two such pauses 0.5 s apart cost one early trim, a millisecond) and RSS has grown by ``TRIM_OVER`` since the last trim: below that there is little
-        to give back, and the pages given back are faulted in again by the next requests."""
+        burst; two such pauses 0.5 s apart cost one early trim, a millisecond) and RSS
+        has grown by ``TRIM_OVER`` since the last trim: below that there is little to give
+        back, and the pages given back are faulted in again by the next requests."""
         trim = _malloc_trim()
         if trim is None:
             return
