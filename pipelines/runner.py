@@ -48,35 +48,19 @@ async def run_stages(
 ) -> Conversation:
     """Run ``stages`` over ``conversation``, appending one ``StageReport`` each."""
     if not _may_record(tracer):
-        counted = _CountedStore(ctx.store) if ctx.store is not None else None
-        current = report.tokens_before
-        for stage in stages:
-            conversation = await _run(stage, conversation, ctx, report, tokens, current, counted)
-            current = report.stages[-1].tokens_after
-        report.tokens_after = current
-        return conversation
+        return await _each(stages, conversation, ctx, report, tokens, None)
     with tracer.start_as_current_span(
         "contextgate.pipeline", record_exception=False, set_status_on_exception=False
     ) as span:
         traced = span.is_recording()
-        counted = _CountedStore(ctx.store) if ctx.store is not None else None
-        current = report.tokens_before
         try:
-            for stage in stages:
-                if traced:
-                    conversation = await _traced(
-                        tracer, stage, conversation, ctx, report, tokens, current, counted
-                    )
-                else:
-                    conversation = await _run(
-                        stage, conversation, ctx, report, tokens, current, counted
-                    )
-                current = report.stages[-1].tokens_after
+            conversation = await _each(
+                stages, conversation, ctx, report, tokens, tracer if traced else None
+            )
         except RequestRejected as exc:
             if traced:
                 span.set_attribute("contextgate.rejected", exc.code)
             raise
-        report.tokens_after = current
         if traced:
             span.set_attributes(
                 {
@@ -89,6 +73,30 @@ async def run_stages(
                     "contextgate.actions": report.actions,
                 }
             )
+    return conversation
+
+
+async def _each(
+    stages: Sequence[Stage],
+    conversation: Conversation,
+    ctx: StageContext,
+    report: Report,
+    tokens: ConversationTokens,
+    tracer: Tracer | None,
+) -> Conversation:
+    """Every stage in turn (each in a span of its own with ``tracer``), the request's store
+    wrapped once for all of them; ``report.tokens_after`` set at the end."""
+    counted = _CountedStore(ctx.store) if ctx.store is not None else None
+    current = report.tokens_before
+    for stage in stages:
+        if tracer is not None:
+            conversation = await _traced(
+                tracer, stage, conversation, ctx, report, tokens, current, counted
+            )
+        else:
+            conversation = await _run(stage, conversation, ctx, report, tokens, current, counted)
+        current = report.stages[-1].tokens_after
+    report.tokens_after = current
     return conversation
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from litestar.types import Receive
 
@@ -100,8 +100,7 @@ class ClientWatch:
         watcher = self._watcher
         if watcher.done():
             _discard(work)
-            _raise_failure(watcher)
-            raise ClientDisconnected("The client closed the connection before the answer.")
+            _raise_gone(watcher)
         current = asyncio.current_task()
         assert current is not None, "a client is watched from a task"
         left = _Left(current)
@@ -115,10 +114,7 @@ class ClientWatch:
             taken_back = True
             if current.uncancel() > 0:
                 raise  # cancelled by someone else too
-            _raise_failure(watcher)
-            raise ClientDisconnected(
-                "The client closed the connection before the answer."
-            ) from None
+            _raise_gone(watcher)
         finally:
             left.watching = False
             watcher.remove_done_callback(left)
@@ -157,6 +153,12 @@ class _Left:
         if self.watching and not watcher.cancelled():
             self.cancelled = True
             self.task.cancel()
+
+
+def _raise_gone(watcher: asyncio.Future[None]) -> NoReturn:
+    """The watcher's failure reading the channel, else ``ClientDisconnected``."""
+    _raise_failure(watcher)
+    raise ClientDisconnected("The client closed the connection before the answer.") from None
 
 
 def _raise_failure(watcher: asyncio.Future[None]) -> None:
