@@ -282,8 +282,12 @@ class Gateway:
         trim = _malloc_trim()
         if trim is None:
             return
-        if self._warming is not None:  # what the warm-up loads is kept: measured from there
+        if self._warming is not None:
             await asyncio.wait((self._warming,))
+        # What the warm-up loads is kept, what it freed is given back now: building the
+        # o200k tables frees their Python copy and leaves about 4 MiB of the C heap free
+        # (a process at rest held 101 MiB without this trim, 97 MiB with it).
+        trim(0)
         floor = _resident()
         idle = False
         while True:

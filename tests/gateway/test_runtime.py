@@ -16,7 +16,7 @@ from gateway.config import AnthropicSettings, Settings, UpstreamSettings
 from gateway.errors import InvalidRequest
 from gateway.providers.anthropic import AnthropicUpstream
 from gateway.providers.openai import Upstream
-from gateway.runtime import Gateway, _malloc_trim, _resident
+from gateway.runtime import _WARM_REQUEST, Gateway, _malloc_trim, _resident
 from gateway.tenancy.auth import Caller
 from pipelines import TokenCounter
 from tests.harness import GatewayServer
@@ -195,6 +195,37 @@ async def test_what_a_burst_freed_goes_back_to_the_system_once_it_is_over() -> N
             if given_back >= 24 * 1024 * 1024:
                 break
         assert given_back >= 24 * 1024 * 1024, f"{given_back / 2**20:.1f} MiB given back"
+        assert kept
+    finally:
+        await gateway.aclose()
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="glibc's malloc_trim: nothing to trim")
+async def test_what_the_warm_up_freed_goes_back_to_the_system_when_it_ends() -> None:
+    """The memory the warm-up used and freed (the encoding's build does) does not stay
+    with the process at rest: it is given back as the warm-up ends, before any request."""
+    gateway = build()
+    kept: list[bytes] = []
+    peak = 0
+
+    class Building(TokenCounter):
+        async def ready(self) -> None:
+            nonlocal peak
+            await super().ready()
+            burst = [bytes(1024) for _ in range(40_000)]  # 40 MiB, each block malloc's own
+            kept.extend(burst[::64])  # a block kept every 64 KiB: free() alone returns none
+            peak = _resident()
+            del burst
+
+    gateway.pipeline._counters["o200k_base"] = Building()
+    await gateway.pipeline.compact(_WARM_REQUEST)  # what the warm-up loads, loaded before
+    try:
+        gateway.warm()
+        assert gateway._warming is not None
+        await gateway._warming
+        await asyncio.sleep(0.2)  # the trimming task's turn, well before its first tick
+        given_back = (peak - _resident()) / 2**20
+        assert given_back >= 24, f"{given_back:.1f} MiB of the 40 freed given back"
         assert kept
     finally:
         await gateway.aclose()
