@@ -9,7 +9,11 @@ Each start: exec ``python -m gateway.cli serve`` (in front of this module's mock
 ``tests.mock_upstream``, in its own process), poll ``/readyz`` every 5 ms until it answers
 200 (the time from exec), wait until the background warm-up has had time to finish, then
 send one small chat request (the first) and 20 more (warm; their median), read the
-process's RSS, and stop it. With ``--baseline`` the checkout in DIR is started the same
+process's RSS, then twice leave it idle for as long again and time one more request (warm
+after the same rest: on this machine a request after a few idle seconds costs about twice
+one sent back to back, the mock's own included, since the idle cores' caches and clocks
+have to come back; the first request's ratio to these is what the gateway's start-up
+itself costs it), and stop it. With ``--baseline`` the checkout in DIR is started the same
 way in alternation (its own .venv's interpreter when it has one, else this one with DIR
 first on the path), so both are measured in the same minutes. ``compact`` runs over a
 20K-token request built from the tau-bench airline trajectories.
@@ -55,6 +59,7 @@ class Target:
     warm: list[float] = field(default_factory=list)
     rss_idle: list[float] = field(default_factory=list)
     rss_after: list[float] = field(default_factory=list)
+    rested: list[float] = field(default_factory=list)
     compact: list[float] = field(default_factory=list)
 
 
@@ -100,9 +105,28 @@ def start_once(target: Target, upstream: str) -> None:
                 target.first.append(timings[0] * 1000)
                 target.warm.append(statistics.median(timings[1:]) * 1000)
                 target.rss_after.append(rss_mib(proc.pid))
+                for _ in range(2):
+                    time.sleep(SETTLE)
+                    sent = time.perf_counter()
+                    client.post(f"{url}/v1/chat/completions", json=SMALL).raise_for_status()
+                    target.rested.append((time.perf_counter() - sent) * 1000)
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+def mock_at_rest(upstream: str, rests: int = 5) -> tuple[float, float]:
+    """The mock alone, asked directly: its median after ``SETTLE`` seconds at rest and
+    back to back (ms), to show what a rest costs a request on this machine anyway."""
+    rested, warm = [], []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(rests):
+            time.sleep(SETTLE)
+            for i in range(21):
+                sent = time.perf_counter()
+                client.post(f"{upstream}/chat/completions", json=SMALL).raise_for_status()
+                (warm if i else rested).append((time.perf_counter() - sent) * 1000)
+    return statistics.median(rested), statistics.median(warm)
 
 
 def compact_once(target: Target, request: Path) -> None:
@@ -123,15 +147,16 @@ def table(targets: list[Target]) -> list[str]:
 
     lines = [
         "| target | `/readyz` after exec: median (min-max) | first request | warm request"
-        " (median of 20) | first / warm | RSS idle | RSS after 21 requests"
-        " | `compact FILE` (20K tokens) |",
-        "|---|---|---|---|---|---|---|---|",
+        " (median of 20) | first / warm | warm after the same rest | first / warm after"
+        " rest | RSS idle | RSS after 21 requests | `compact FILE` (20K tokens) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in targets:
-        first, warm = med(t.first), med(t.warm)
+        first, warm, rested = med(t.first), med(t.warm), med(t.rested)
         lines.append(
             f"| {t.name} | {med(t.ready):.2f} s ({min(t.ready):.2f}-{max(t.ready):.2f})"
             f" | {first:.1f} ms | {warm:.1f} ms | {first / warm:.2f}"
+            f" | {rested:.1f} ms | {first / rested:.2f}"
             f" | {med(t.rss_idle):.0f} MiB | {med(t.rss_after):.0f} MiB"
             f" | {med(t.compact):.2f} s ({min(t.compact):.2f}-{max(t.compact):.2f}) |"
         )
@@ -178,6 +203,7 @@ def main() -> None:
         json.dump(body, request)
         request.flush()
         upstream = f"http://127.0.0.1:{mock_port}/v1"
+        mock_rested, mock_warm = mock_at_rest(upstream)
         for round_ in range(args.starts):
             for target in targets if round_ % 2 == 0 else targets[::-1]:
                 start_once(target, upstream)
@@ -187,7 +213,8 @@ def main() -> None:
         f"{args.starts} starts of each, alternating; load average at the end"
         f" {os.getloadavg()[0]:.1f}. `python -m bench.startup"
         + (f" --baseline {args.baseline}" if args.baseline else "")
-        + "`."
+        + f"`. The mock alone, asked directly: {mock_rested:.1f} ms after {SETTLE:.0f} s"
+        f" at rest, {mock_warm:.1f} ms back to back (medians of 5 and 100)."
     )
     publish(args.output, (RESULTS_START, RESULTS_END), HEADING, how, table(targets))
 

@@ -250,8 +250,10 @@ class Gateway:
             await self.pipeline.counter("o200k_base").ready()
             # One small request through the pipeline, in process: the first time through
             # its stages costs about twice a later time (the first client's request would
-            # pay it otherwise). Nothing is sent or stored.
-            await self.pipeline.compact(_WARM_REQUEST)
+            # pay it otherwise), and the stages' metrics are made ready. Nothing is sent,
+            # stored or recorded.
+            warmed = await self.pipeline.compact(_WARM_REQUEST)
+            self.metrics.expect(warmed.report)
             if self.settings.anthropic.enabled and (
                 self.settings.anthropic.api_key
                 or any(tenant.anthropic_api_key for tenant in self.settings.tenants)

@@ -289,16 +289,28 @@ class Metrics:
                 if count:
                     child.inc(count)
 
+    def expect(self, report: Report) -> None:
+        """Make the children ``pipeline`` records ``report``'s stages in, recording
+        nothing: the warm-up's pass through the pipeline names the stages, and the first
+        request does not make them (33 of them, about a millisecond of prometheus-client
+        validating labels and setting up buckets). Their series read 0 until then."""
+        for stage in report.stages:
+            self._stage(stage.name)
+
+    def _stage(self, name: str) -> tuple[Any, Any, Any]:
+        children = self._by_stage.get(name)
+        if children is None:
+            children = self._by_stage[name] = (
+                self.stage_duration.labels(name),
+                self.tokens_saved.labels(name),
+                self.stage_failures.labels(name),
+            )
+        return children
+
     def pipeline(self, report: Report, summary_path: str | None) -> None:
         """What each stage of a forwarded request's pipeline did."""
         for stage in report.stages:
-            children = self._by_stage.get(stage.name)
-            if children is None:
-                children = self._by_stage[stage.name] = (
-                    self.stage_duration.labels(stage.name),
-                    self.tokens_saved.labels(stage.name),
-                    self.stage_failures.labels(stage.name),
-                )
+            children = self._stage(stage.name)
             children[0].observe(stage.ms / 1000)
             saved = stage.tokens_before - stage.tokens_after
             if saved > 0:

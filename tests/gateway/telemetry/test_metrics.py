@@ -201,6 +201,24 @@ def test_each_stage_counts_the_tokens_it_saved_and_its_time(
     assert int(tokens["before"]) - int(tokens["after"]) == sum(saved.values())
 
 
+def test_the_stages_series_are_there_at_zero_once_the_gateway_has_warmed(
+    gateway: GatewayServer,
+) -> None:
+    """The warm-up makes every default stage's series before the first request (so the
+    first request does not pay for making them): a scrape lists each at 0."""
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{gateway.url}/readyz").json()["warm"] is not True:
+        assert time.monotonic() < deadline, "the gateway did not warm up"
+        time.sleep(0.05)
+    samples = scrape(gateway)
+    stages = [stage.name for stage in gateway.app.state.gateway.pipeline.stages]
+    assert len(stages) >= 10
+    for stage in stages:
+        key = ("contextgate_stage_duration_seconds_count", frozenset({("stage", stage)}))
+        assert samples.get(key) == 0, stage
+        assert value(samples, "contextgate_stage_failures_total", stage=stage) == 0
+
+
 def test_unknown_models_the_upstream_refused_are_counted_as_other(
     gateway: GatewayServer, client: openai.OpenAI, upstream: MockUpstream
 ) -> None:
