@@ -102,6 +102,7 @@ class Shedder:
         "in_flight",
         "max_in_flight",
         "max_queue_delay",
+        "pending",
         "shed",
         "wait",
     )
@@ -112,6 +113,10 @@ class Shedder:
         self._listeners: list[Listener] = []
         self.in_flight = 0
         """Requests admitted and not finished."""
+        self.pending = 0
+        """Requests ``gateway.edge.refusal`` let through whose task has not started yet
+        (``admit`` has not been asked): counted with those in flight, so the requests read
+        in one turn of the loop are not all let through because none has been admitted."""
         self._cap = max_in_flight if max_in_flight is not None else _UNCAPPED
         """What the limit rises to."""
         self._limit = self._cap
@@ -229,18 +234,20 @@ class Shedder:
 
     def screen(self) -> str | None:
         """Why a new request is refused now (the refusal counted), or ``None``: it may come
-        in. Takes no slot: ``gateway.edge.refusal`` asks as a request's headers arrive, and
-        ``admit`` asks again when the application takes the request."""
+        in. Takes no slot: ``gateway.edge.refusal`` asks as a request's headers arrive (and
+        counts one it lets through in ``pending`` until its task starts), and ``admit``
+        asks again when the application takes the request."""
         if self._tripping and (delay := self.max_queue_delay) is not None:
             elapsed = time.monotonic() - self._trip_started
             if elapsed > delay * (GRACE + self._cuts):
                 self._cut(elapsed)
-        if self.in_flight < self._limit:
+        taken = self.in_flight + self.pending
+        if taken < self._limit:
             return None
         self._refused += 1
         reason = (
             "in_flight"
-            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight
+            if self.max_in_flight is not None and taken >= self.max_in_flight
             else "loop_wait"
         )
         self.shed[reason] += 1

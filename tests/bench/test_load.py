@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from bench.load import closed_loop, open_loop
 
@@ -106,3 +107,32 @@ async def test_the_open_loop_closes_a_connection_idle_past_its_keepalive() -> No
         assert [answer.status for answer in answers] == [200] * 5
         counts.append(server.connections)
     assert counts == [1, 5]
+
+
+async def test_the_open_loop_makes_no_full_collection_while_it_sends() -> None:
+    """While the requests go out, the oldest generation's threshold is out of reach (a
+    full collection's pause would be counted as the server's delay); young collections
+    still run; afterwards the thresholds are as before."""
+    server = Counting()
+    listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append(gc.get_threshold())
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        answers = await open_loop(port, "/v1/chat/completions", b"{}", rate=20, seconds=0.5)
+    finally:
+        watcher.cancel()
+        listening.close()
+        await listening.wait_closed()
+    assert [answer.status for answer in answers] == [200] * 10
+    during = seen[2]
+    assert during[:2] == before[:2]
+    assert during[2] >= 1_000_000
+    assert gc.get_threshold() == before

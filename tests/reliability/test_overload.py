@@ -43,7 +43,11 @@ gateway on the same two cores among other work (load average 4-11), it measured 
 11-30 ms and p99 92-726 ms at 2x: the p99 is the host's scheduling there (the gateway
 waited for a CPU 41-71% of the time), so the aim is asserted of the median, and the p99
 is held under a second, as before. Before refusals were answered as read, p50 20 ms-3.2 s
-and p99 0.17-7.7 s in the same runs; without shedding the p99 reaches 28-30 s."""
+and p99 0.17-7.7 s in the same runs; without shedding the p99 reaches 28-30 s. On a quiet
+host the rest of the p99 was partly the load generator's: its full garbage collections
+(51-85 ms, two or three a run) held every request due meanwhile, and ``open_loop`` now
+makes none while it sends. What remains is mostly the first second (the burst taken whole
+before the limit is cut), so the report also gives the p99 after it."""
 OK_P99_MS = 4_000
 """Bound on the accepted requests' p99: measured 0.38-1.36 s in the 12-second runs at 2x
 on the loaded host (0.4-1.1 s at 1.5x before), 0.7-3.1 s in the 60-second ones at 1.5x;
@@ -147,6 +151,7 @@ def _report(run: Run) -> None:
     other = [a for a in run.answers if a.status not in (200, 503)]
     shed_fresh = [a.ms for a in run.answers if a.status == 503 and a.fresh]
     shed_kept = [a.ms for a in run.answers if a.status == 503 and not a.fresh]
+    shed_later = [a.ms for a in run.answers if a.status == 503 and a.due >= 1]
     thirds = [
         [
             a.ms
@@ -162,6 +167,7 @@ def _report(run: Run) -> None:
         f" {sorted((a.status, round(a.due, 1), round(a.ms)) for a in other)[:10]};"
         f" ok p50/p99 {quantile(ok, 0.5):.0f}/{quantile(ok, 0.99):.0f} ms,"
         f" 503 p50/p99 {quantile(shed, 0.5):.0f}/{quantile(shed, 0.99):.0f} ms"
+        f" (p99 after the first second {quantile(shed_later, 0.99):.0f} ms)"
         f" (on a new connection {quantile(shed_fresh, 0.99):.0f} ms of {len(shed_fresh)},"
         f" on one kept alive {quantile(shed_kept, 0.99):.0f} ms);"
         f" sent late p99 {quantile([a.late_ms for a in run.answers], 0.99):.0f} ms;"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -163,3 +164,54 @@ def test_a_refused_body_in_later_packets_and_a_client_expecting_100_continue(
     assert waiting[0] == 503
     assert waiting[1]["connection"] == "close"
     assert after == b""
+
+
+def test_requests_read_in_one_turn_are_screened_with_those_let_through_before_them(
+    upstream: MockUpstream,
+) -> None:
+    """One slot, free. Two requests on two connections arrive while the loop is busy, so
+    both are read in the same turn, before either's task has run: the first is let
+    through and counted, and the second is refused there and then by the protocol, not
+    let through as well for the application to refuse a turn later (the application sees
+    one request, not two)."""
+    seen: list[str] = []
+
+    def wrap(app: Any) -> Any:
+        async def recorded(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(scope["path"])
+                if scope["query_string"] == b"block":
+                    time.sleep(1.0)  # noqa: ASYNC251 -- the point: the loop is busy
+            await app(scope, receive, send)
+
+        return recorded
+
+    settings = Settings(
+        upstream=UpstreamSettings(base_url=upstream.base_url), summaries=False, max_in_flight=1
+    )
+    upstream.push(JSONReply(chat_completion()))
+    with GatewayServer(settings, wrap=wrap) as server:
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as blocker,
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as first,
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as second,
+        ):
+            # Both connections set up, then the loop is held while both requests arrive.
+            blocker.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            _answer(blocker, bytearray())
+            blocker.sendall(b"GET /healthz?block HTTP/1.1\r\nHost: x\r\n\r\n")
+            deadline = time.monotonic() + 5
+            while len(seen) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            first.sendall(_request("/v1/chat/completions", BODY))
+            second.sendall(_request("/v1/chat/completions", BODY))
+            served = _answer(first, bytearray())
+            refused = second.recv(65_536)
+            _answer(blocker, bytearray())
+        shedder = server.app.state.gateway.shedder
+    assert served[0] == 200
+    assert refused.startswith(b"HTTP/1.1 503 ")
+    assert seen.count("/v1/chat/completions") == 1, "the second refused by the application"
+    assert shedder.shed == {"in_flight": 1, "loop_wait": 0}
+    assert shedder.pending == 0
+    assert shedder.in_flight == 0
