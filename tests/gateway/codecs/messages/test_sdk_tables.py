@@ -31,8 +31,8 @@ def test_checking_a_messages_request_does_not_import_the_sdk() -> None:
         "import sys\n"
         "import gateway.app\n"
         "from gateway.codecs.messages import checked_body\n"
-        "checked_body(b'{\"model\": \"m\", \"max_tokens\": 5,"
-        " \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}')\n"
+        'checked_body(b\'{"model": "m", "max_tokens": 5,'
+        ' "messages": [{"role": "user", "content": "hi"}]}\')\n'
         "print(sorted(m for m in ('anthropic', 'pydantic', 'redis') if m in sys.modules))\n"
     )
     shown = subprocess.run(
