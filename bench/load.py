@@ -138,11 +138,12 @@ async def open_loop(
 
     No full (oldest-generation) garbage collection runs in this process while the requests
     are sent: with the run's tasks and answers, tens of thousands of objects, each took
-    51-85 ms, two or three in a 12-second run, during which no request went out and no
+    51-86 ms, two or three in a 12-second run, during which no request went out and no
     answer was read; the requests due meanwhile were counted that much late, a delay of the
     generator's own, not the server's (at twice a gateway's capacity they made a second's
-    503 p99 73-136 ms where the others were 8-20 ms). Young collections still run; the
-    thresholds are restored at the end."""
+    503 p99 73-136 ms where the others were 8-32 ms). Young collections still run; the
+    thresholds, which are the process's, are restored at the end (two open loops at once in
+    one process would restore each other's: none runs so)."""
     thresholds = gc.get_threshold()
     gc.collect()
     gc.set_threshold(thresholds[0], thresholds[1], _NO_FULL_COLLECTION)

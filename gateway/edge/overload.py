@@ -40,7 +40,8 @@ completed, and ``gateway.edge.refusal`` answers a refused request in the callbac
 it (``screen``), a turn of the loop before the application would.
 
 The shedder counts refusals by reason (``in_flight``, ``loop_wait``) for the metrics and
-keeps no per-request state beyond the in-flight count.
+keeps no per-request state beyond two counts: the requests in flight, and those the
+refusing protocol let through whose task has not started (``pending``).
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ class Shedder:
             return
         assert self.max_queue_delay is not None
         held = min(self._limit, self.in_flight)
-        self._limit = max(FLOOR, int(held * self.max_queue_delay / elapsed))
+        # Never below the floor, never above the cap (a ``max_in_flight`` under the floor).
+        self._limit = min(self._cap, max(FLOOR, int(held * self.max_queue_delay / elapsed)))
 
     @property
     def limit(self) -> int | None:

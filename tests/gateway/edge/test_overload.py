@@ -71,6 +71,20 @@ async def test_a_long_step_with_few_requests_in_flight_is_not_overload() -> None
         shedder.stop()
 
 
+async def test_a_cut_never_lifts_the_limit_above_a_cap_under_the_floor() -> None:
+    """``max_in_flight`` 1 (under the floor of 8) and the loop stuck past the grace: the
+    cut keeps the cap, and a second request is refused."""
+    shedder = Shedder(max_in_flight=1, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert shedder.admit() is None
+        await _stuck_mid_trip(shedder, 0.4)
+        assert isinstance(shedder.admit(), Overloaded)
+        assert shedder.limit == 1
+    finally:
+        shedder.stop()
+
+
 async def test_a_burst_is_taken_whole() -> None:
     """200 requests in flight and the loop stuck for 0.2 s, under GRACE times
     max_queue_delay (a burst being worked through): nothing is cut or refused."""

@@ -186,8 +186,11 @@ def test_requests_read_in_one_turn_are_screened_with_those_let_through_before_th
 
         return recorded
 
-    settings = Settings(
-        upstream=UpstreamSettings(base_url=upstream.base_url), summaries=False, max_in_flight=1
+    settings = Settings(  # no loop-wait limit: the slot and the count alone decide
+        upstream=UpstreamSettings(base_url=upstream.base_url),
+        summaries=False,
+        max_in_flight=1,
+        max_queue_delay=None,
     )
     upstream.push(JSONReply(chat_completion()))
     with GatewayServer(settings, wrap=wrap) as server:
