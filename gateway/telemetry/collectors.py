@@ -51,6 +51,9 @@ class Shedder(Protocol):
     def in_flight(self) -> int: ...
 
     @property
+    def pending(self) -> int: ...
+
+    @property
     def limit(self) -> int | None: ...
 
     @property
@@ -127,6 +130,12 @@ class Overload(Collector):
             "Requests past admission and not finished (public routes not counted): what"
             " max_in_flight caps.",
             value=shedder.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "contextgate_admission_pending",
+            "Work requests the server's protocol let through whose task has not started"
+            " yet, counted against the admission limit: 0 at rest.",
+            value=shedder.pending,
         )
         if shedder.limit is not None:
             yield GaugeMetricFamily(

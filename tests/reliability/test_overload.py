@@ -140,6 +140,7 @@ def overload(upstream: str, config: str = "") -> Run:
                 "status": answer.status_code,
                 "rss_mib": rss_mib(pid),
                 "accept_queue": gauge(text, "contextgate_accept_queue"),
+                "pending": gauge(text, "contextgate_admission_pending"),
             }
     _report(run)
     return run
@@ -202,6 +203,7 @@ def test_excess_load_is_refused_fast_and_the_accepted_requests_stay_on_time(
     assert run.probes
     assert all(status == 200 for status, _ in run.probes)
     assert run.after["in_flight"] == 0
+    assert run.after["pending"] == 0  # every request let through by the protocol started
     assert run.after["status"] == 200
 
 

@@ -116,6 +116,7 @@ def test_a_refused_request_is_answered_as_read_and_its_connection_serves_the_nex
     assert after == b""
     assert 'contextgate_overload_shed_total{reason="in_flight"} 3.0' in metrics
     assert "contextgate_admitted_in_flight 0.0" in metrics
+    assert "contextgate_admission_pending 0.0" in metrics
 
 
 def test_a_refused_body_in_later_packets_and_a_client_expecting_100_continue(
