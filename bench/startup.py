@@ -96,20 +96,13 @@ def start_once(target: Target, upstream: str) -> None:
                 target.ready.append(time.perf_counter() - began)
                 time.sleep(SETTLE)
                 target.rss_idle.append(rss_mib(proc.pid))
-                timings = []
-                for _ in range(21):
-                    sent = time.perf_counter()
-                    answer = client.post(f"{url}/v1/chat/completions", json=SMALL)
-                    timings.append(time.perf_counter() - sent)
-                    answer.raise_for_status()
-                target.first.append(timings[0] * 1000)
-                target.warm.append(statistics.median(timings[1:]) * 1000)
+                timings = [small_ms(client, f"{url}/v1") for _ in range(21)]
+                target.first.append(timings[0])
+                target.warm.append(statistics.median(timings[1:]))
                 target.rss_after.append(rss_mib(proc.pid))
                 for _ in range(2):
                     time.sleep(SETTLE)
-                    sent = time.perf_counter()
-                    client.post(f"{url}/v1/chat/completions", json=SMALL).raise_for_status()
-                    target.rested.append((time.perf_counter() - sent) * 1000)
+                    target.rested.append(small_ms(client, f"{url}/v1"))
         finally:
             proc.terminate()
             proc.wait(15)
@@ -123,10 +116,17 @@ def mock_at_rest(upstream: str, rests: int = 5) -> tuple[float, float]:
         for _ in range(rests):
             time.sleep(SETTLE)
             for i in range(21):
-                sent = time.perf_counter()
-                client.post(f"{upstream}/chat/completions", json=SMALL).raise_for_status()
-                (warm if i else rested).append((time.perf_counter() - sent) * 1000)
+                (warm if i else rested).append(small_ms(client, upstream))
     return statistics.median(rested), statistics.median(warm)
+
+
+def small_ms(client: httpx.Client, base: str) -> float:
+    """Milliseconds one small chat request to ``base`` (a ``/v1`` URL) took to answer."""
+    sent = time.perf_counter()
+    answer = client.post(f"{base}/chat/completions", json=SMALL)
+    took = (time.perf_counter() - sent) * 1000
+    answer.raise_for_status()
+    return took
 
 
 def compact_once(target: Target, request: Path) -> None:

@@ -62,13 +62,19 @@ def _resident() -> int:
         return 0
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, where the C library is glibc."""
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name`` (``int`` arguments, an ``int`` back), where the C library
+    is glibc."""
     try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+        function: Callable[..., int] = getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    return trim
+    return function
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, where the C library is glibc."""
+    return _glibc("malloc_trim")
 
 
 def one_malloc_arena() -> bool:
@@ -88,11 +94,8 @@ def one_malloc_arena() -> bool:
     this machine's noise)."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, 1))
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, 1))
 
 
 @dataclass(slots=True)

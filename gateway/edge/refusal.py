@@ -67,19 +67,19 @@ def refusing_protocol(shedder: Shedder) -> type[asyncio.Protocol] | None:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
-    started: dict[Any, Any] = {}
+    counting: dict[Any, Any] = {}  # each application uvicorn passes, wrapped by ``_pending``
 
     def _pending(app: Any) -> Any:
         """``app``, which first takes its request out of ``shedder.pending``: made once per
         application (uvicorn passes its own, or its refusal past ``limit_concurrency``)."""
-        wrapped = started.get(app)
+        wrapped = counting.get(app)
         if wrapped is None:
 
             async def wrapped(scope: Any, receive: Any, send: Any) -> None:
                 shedder.pending -= 1
                 await app(scope, receive, send)
 
-            started[app] = wrapped
+            counting[app] = wrapped
         return wrapped
 
     canned = {
