@@ -27,6 +27,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.telemetry.collectors import Overload, OwnCounts, Shedder, Stores, SummaryService
+from gateway.telemetry.stage_durations import StageDurations, StageSeries
 from pipelines import ModelCatalog, Report
 
 __all__ = [
@@ -110,7 +111,7 @@ class Metrics:
         "registry",
         "request_duration",
         "requests",
-        "stage_duration",
+        "stage_durations",
         "stage_failures",
         "store_fail_open",
         "summaries",
@@ -159,13 +160,8 @@ class Metrics:
         )
 
         # Pipeline stages (gateway.edge.access, from the report of each forwarded request)
-        self.stage_duration = Histogram(
-            "contextgate_stage_duration_seconds",
-            "Seconds each pipeline stage took.",
-            ["stage"],
-            buckets=STAGE_BUCKETS,
-            registry=registry,
-        )
+        self.stage_durations = StageDurations(STAGE_BUCKETS)
+        registry.register(self.stage_durations)
         self.stage_failures = Counter(
             "contextgate_stage_failures",
             "Stage runs that raised and were skipped (the request went on without them).",
@@ -244,7 +240,7 @@ class Metrics:
         self._by_route: dict[str, Any] = {}
         self._by_request: dict[tuple[str, str, str, int], Any] = {}
         self._by_caller: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._by_stage: dict[str, tuple[Any, Any, Any]] = {}
+        self._by_stage: dict[str, tuple[StageSeries, Any, Any]] = {}
         self._upstream = {
             (provider, ok): self.upstream_duration.labels(provider, "success" if ok else "error")
             for provider in ("openai", "anthropic")
@@ -297,11 +293,11 @@ class Metrics:
         for stage in report.stages:
             self._stage(stage.name)
 
-    def _stage(self, name: str) -> tuple[Any, Any, Any]:
+    def _stage(self, name: str) -> tuple[StageSeries, Any, Any]:
         children = self._by_stage.get(name)
         if children is None:
             children = self._by_stage[name] = (
-                self.stage_duration.labels(name),
+                self.stage_durations.series(name),
                 self.tokens_saved.labels(name),
                 self.stage_failures.labels(name),
             )
@@ -309,8 +305,9 @@ class Metrics:
 
     def pipeline(self, report: Report, summary_path: str | None) -> None:
         """What each stage of a forwarded request's pipeline did."""
+        by_stage = self._by_stage
         for stage in report.stages:
-            children = self._stage(stage.name)
+            children = by_stage.get(stage.name) or self._stage(stage.name)
             children[0].observe(stage.ms / 1000)
             saved = stage.tokens_before - stage.tokens_after
             if saved > 0:
