@@ -83,7 +83,7 @@ class AccessLog:
         response = _Response(send, trace.get_current_span().get_span_context())
         failures = [0]
         token = REQUEST_FAILURES.set(failures)
-        self._metrics.in_flight.inc()
+        self._metrics.in_flight += 1
         escaped: BaseException | None = None
         try:
             await self.app(scope, receive, response.send)
@@ -92,7 +92,7 @@ class AccessLog:
             raise
         finally:
             REQUEST_FAILURES.reset(token)
-            self._metrics.in_flight.dec()
+            self._metrics.in_flight -= 1
             try:
                 self._done(scope, record, response, perf_counter() - started, failures[0], escaped)
             except Exception:  # the answer has gone out: a bug here must not touch it

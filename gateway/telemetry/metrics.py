@@ -14,9 +14,11 @@ in one place:
   and read at scrape time (``watch``), so those modules know nothing of Prometheus.
 
 A new concern adds its families in ``Metrics.__init__`` under a comment naming it, and a
-section in ``docs/OBSERVABILITY.md``. prometheus-client's ``labels()`` validates its
-arguments and takes a lock on every call (microseconds); what is recorded on every request
-goes through children cached here by label values.
+section in ``docs/OBSERVABILITY.md``. What every forwarded request records (its count and
+duration, its tokens, each stage's time, the upstream's latency) is kept in plain numbers
+(``gateway.telemetry.plain``: no lock, no walk of the buckets in Python; the exposition is
+prometheus-client's) through series cached here by label values, and the requests in flight
+are a number read at scrape time; the rest are prometheus-client's own metrics.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.telemetry.collectors import Overload, OwnCounts, Shedder, Stores, SummaryService
-from gateway.telemetry.stage_durations import StageDurations, StageSeries
+from gateway.telemetry.plain import CounterSeries, HistogramSeries, PlainCounter, PlainHistogram
 from pipelines import ModelCatalog, Report
 
 __all__ = [
@@ -111,7 +113,7 @@ class Metrics:
         "registry",
         "request_duration",
         "requests",
-        "stage_durations",
+        "stage_duration",
         "stage_failures",
         "store_fail_open",
         "summaries",
@@ -124,57 +126,64 @@ class Metrics:
         self.registry = registry = CollectorRegistry(auto_describe=True)
 
         # Requests (gateway.edge.access)
-        self.requests = Counter(
+        self.requests = PlainCounter(
             "contextgate_requests",
             "Requests answered, by route, tenant, model and HTTP status.",
             ["route", "tenant", "model", "status"],
-            registry=registry,
         )
-        self.request_duration = Histogram(
+        registry.register(self.requests)
+        self.request_duration = PlainHistogram(
             "contextgate_request_duration_seconds",
             "Seconds from a request's arrival to the last byte of its answer (a stream's end).",
             ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.in_flight = Gauge(
+        registry.register(self.request_duration)
+        self.in_flight = 0
+        """Requests being handled now, counted by the request middleware."""
+        Gauge(
             "contextgate_requests_in_flight",
             "Requests being handled now (streams included).",
             registry=registry,
-        )
+        ).set_function(lambda: self.in_flight)
 
         # Tokens (gateway.edge.access)
-        self.upstream_tokens = Counter(
+        self.upstream_tokens = PlainCounter(
             "contextgate_upstream_tokens",
             "Tokens the upstream reported in its usage, by kind: input (cache reads and"
             " writes included), output, cache_read, cache_write.",
             ["tenant", "model", "kind"],
-            registry=registry,
         )
-        self.compaction_tokens = Counter(
+        registry.register(self.upstream_tokens)
+        self.compaction_tokens = PlainCounter(
             "contextgate_compaction_tokens",
             "Input tokens of forwarded requests by the gateway's count: as received (before)"
             " and as sent upstream after the pipeline (after).",
             ["tenant", "model", "phase"],
-            registry=registry,
         )
+        registry.register(self.compaction_tokens)
 
         # Pipeline stages (gateway.edge.access, from the report of each forwarded request)
-        self.stage_durations = StageDurations(STAGE_BUCKETS)
-        registry.register(self.stage_durations)
-        self.stage_failures = Counter(
+        self.stage_duration = PlainHistogram(
+            "contextgate_stage_duration_seconds",
+            "Seconds each pipeline stage took.",
+            ["stage"],
+            STAGE_BUCKETS,
+        )
+        registry.register(self.stage_duration)
+        self.stage_failures = PlainCounter(
             "contextgate_stage_failures",
             "Stage runs that raised and were skipped (the request went on without them).",
             ["stage"],
-            registry=registry,
         )
-        self.tokens_saved = Counter(
+        registry.register(self.stage_failures)
+        self.tokens_saved = PlainCounter(
             "contextgate_tokens_saved",
             "Input tokens each stage took out of forwarded requests (its tokens before less"
             " after; a stage that added tokens counts none).",
             ["stage"],
-            registry=registry,
         )
+        registry.register(self.tokens_saved)
         self.summaries = Counter(
             "contextgate_summaries",
             "Requests whose summarize stage took a path: made, prepared, reused, extended,"
@@ -184,15 +193,15 @@ class Metrics:
         )
 
         # Upstream (gateway.context.exchange)
-        self.upstream_duration = Histogram(
+        self.upstream_duration = PlainHistogram(
             "contextgate_upstream_duration_seconds",
             "Seconds from sending a request upstream to its answer: the whole body of a"
             " buffered answer, the first event of a stream; per attempt, by provider and"
             " outcome (success, error).",
             ["provider", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
+        registry.register(self.upstream_duration)
 
         # Native context management (gateway.context.native_request)
         self.native_edits = Counter(
@@ -237,12 +246,12 @@ class Metrics:
             registry=registry,
         )
 
-        self._by_route: dict[str, Any] = {}
-        self._by_request: dict[tuple[str, str, str, int], Any] = {}
-        self._by_caller: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._by_stage: dict[str, tuple[StageSeries, Any, Any]] = {}
+        self._by_route: dict[str, HistogramSeries] = {}
+        self._by_request: dict[tuple[str, str, str, int], CounterSeries] = {}
+        self._by_caller: dict[tuple[str, str], tuple[CounterSeries, ...]] = {}
+        self._by_stage: dict[str, tuple[HistogramSeries, CounterSeries, CounterSeries]] = {}
         self._upstream = {
-            (provider, ok): self.upstream_duration.labels(provider, "success" if ok else "error")
+            (provider, ok): self.upstream_duration.series(provider, "success" if ok else "error")
             for provider in ("openai", "anthropic")
             for ok in (True, False)
         }
@@ -257,13 +266,13 @@ class Metrics:
         key = (route, tenant, model, status)
         counter = self._by_request.get(key)
         if counter is None:
-            counter = self._by_request[key] = self.requests.labels(
+            counter = self._by_request[key] = self.requests.series(
                 route, tenant, model, str(status)
             )
         counter.inc()
         duration = self._by_route.get(route)
         if duration is None:
-            duration = self._by_route[route] = self.request_duration.labels(route)
+            duration = self._by_route[route] = self.request_duration.series(route)
         duration.observe(seconds)
 
     def tokens(
@@ -273,9 +282,9 @@ class Metrics:
         children = self._by_caller.get((tenant, model))
         if children is None:
             children = self._by_caller[(tenant, model)] = (
-                self.compaction_tokens.labels(tenant, model, "before"),
-                self.compaction_tokens.labels(tenant, model, "after"),
-                *(self.upstream_tokens.labels(tenant, model, kind) for kind in TOKEN_KINDS),
+                self.compaction_tokens.series(tenant, model, "before"),
+                self.compaction_tokens.series(tenant, model, "after"),
+                *(self.upstream_tokens.series(tenant, model, kind) for kind in TOKEN_KINDS),
             )
         if report is not None:
             children[0].inc(report.tokens_before)
@@ -293,13 +302,13 @@ class Metrics:
         for stage in report.stages:
             self._stage(stage.name)
 
-    def _stage(self, name: str) -> tuple[StageSeries, Any, Any]:
+    def _stage(self, name: str) -> tuple[HistogramSeries, CounterSeries, CounterSeries]:
         children = self._by_stage.get(name)
         if children is None:
             children = self._by_stage[name] = (
-                self.stage_durations.series(name),
-                self.tokens_saved.labels(name),
-                self.stage_failures.labels(name),
+                self.stage_duration.series(name),
+                self.tokens_saved.series(name),
+                self.stage_failures.series(name),
             )
         return children
 
