@@ -80,7 +80,9 @@ class ConversationTokens:
         self._held.extend(messages)
         if not misses:
             return self(conversation)
-        missing_chars = sum(_text_size(message) for message, _ in misses)
+        missing_chars = 0
+        for message, _ in misses:
+            missing_chars += _text_size(message)
         if defer is not None and missing_chars > THREADED_MEASURE_CHARS:
             estimates = [counter.estimate(message) for message, _ in misses]
             known = self(conversation, only_seen=True)

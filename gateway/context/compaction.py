@@ -292,7 +292,11 @@ async def recompact(services: Services, chat: ChatRequest) -> ChatRequest | None
 def _conversation(headers: Mapping[str, str], namespace: str, body: dict[str, Any]) -> str:
     header = headers.get(CONVERSATION_HEADER)
     if header is None:
-        session = next((headers[name] for name in SESSION_HEADERS if name in headers), "")
+        session = ""
+        for name in SESSION_HEADERS:
+            if name in headers:
+                session = headers[name]
+                break
         return conversation_id(namespace, body["messages"], session[:200])
     if not _CONVERSATION_ID.fullmatch(header):
         raise InvalidRequest(

@@ -72,7 +72,10 @@ class Admission(ASGIMiddleware):
         self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp
     ) -> None:
         limit = self.max_header_bytes
-        if sum(len(name) + len(value) for name, value in scope["headers"]) > limit:
+        size = 0
+        for name, value in scope["headers"]:
+            size += len(name) + len(value)
+        if size > limit:
             raise HeadersTooLarge(f"The request's headers are larger than {limit:,} bytes.")
         caller = await identify(self.tenants, self.stores, Headers.from_scope(scope))
         record = record_of(scope.get("state", {}))

@@ -199,7 +199,7 @@ class Upstream(ResponseReading):
         if params is not None:
             url = url.copy_merge_params(params)
         sent, extensions = _as_sent(headers), {"timeout": self._timeout}
-        if content is not None and not any(name.lower() in _SET_BY_HTTPX for name in headers):
+        if content is not None and _SET_BY_HTTPX.isdisjoint(map(str.lower, headers)):
             request = _request(method, url, sent, content, extensions)
         else:
             request = httpx.Request(

@@ -31,7 +31,7 @@ class GuardInbound:
             messages[start - 1].get("role") == "user" or is_system_turn(messages[start - 1])
         ):
             start -= 1
-        tokens = sum(ctx.tokens.message(message) for message in messages[start:])
+        tokens = sum(map(ctx.tokens.message, messages[start:]))
         limit = ctx.policy.block_tokens
         if tokens > limit:
             raise RequestRejected(
