@@ -73,9 +73,11 @@ UPSTREAM_CHOICES: Final = frozenset(
 (the classic gateway SSRF): refused, so that no upstream that reads them gets them."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChatRequest:
-    """A parsed chat request and what the pipeline made of it."""
+    """A parsed chat request and what the pipeline made of it; never changed once made
+    (``dataclasses.replace`` makes another), not frozen only for the cost of a frozen
+    class's ``__init__`` (``gateway.context.call.Call``)."""
 
     raw: bytes | None
     """The body as received when it is an OpenAI chat request; ``None`` when it came in
