@@ -63,6 +63,29 @@ async def test_slow_body_is_408() -> None:
         await read_body(receive, None, 10, within=0.05)
 
 
+async def test_a_cancellation_during_a_slow_body_is_not_a_timeout() -> None:
+    """A body read cancelled from elsewhere (the drain, the server) ends cancelled, also
+    when its deadline passes too; the task is left cancelling as often as it was asked."""
+    receive = channel({"type": "http.request", "body": b"{", "more_body": True})
+    reading = asyncio.create_task(read_body(receive, None, 10, within=5))
+    await asyncio.sleep(0.01)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+
+    async def cancelled_at_the_deadline() -> bytes:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().call_later(0.05, task.cancel)
+        try:
+            return await read_body(receive, None, 10, within=0.05)
+        finally:
+            assert task.cancelling() == 1
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(cancelled_at_the_deadline())
+
+
 async def test_work_is_cancelled_when_the_client_leaves() -> None:
     """Work still running when the disconnect arrives is cancelled, and the caller told."""
     cancelled = asyncio.Event()
