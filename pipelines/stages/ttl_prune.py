@@ -259,7 +259,7 @@ class TtlPrune:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, for its cost: never changed once made
 class _Cuts:
     soft: int
     archive: int
