@@ -23,7 +23,14 @@ are never checked, so probes and scrapes keep answering):
     further ``max_queue_delay`` the trip lasts. This is checked as requests arrive, so a
     flood is cut within 0.3 s, not when the slow trip ends (a flood of 1,000 requests got
     in between two readings when the probe only said yes or no). Under that, a burst is
-    taken whole (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of work). A
+    taken whole (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of work).
+  - **A flood is cut sooner than a burst.** What tells them apart is whether the work
+    held still grows once the loop is late: a burst sent at once has arrived by then and
+    only shrinks, a closed loop's clients never hold more than they are, but a flood
+    keeps coming. So the most requests held in the trip's first ``max_queue_delay`` is
+    kept, and once the trip has lasted ``EARLY`` (2) times ``max_queue_delay``, a request
+    arriving while more than that (and a margin) are held cuts the limit as the grace
+    would. A
     trip in time raises the limit by a sixteenth, so it is back at ``max_in_flight``
     seconds after the overload ends. It never goes below ``FLOOR``: a few requests at
     once are never overload, whatever their size (a serial client, or four 100K-token
@@ -55,7 +62,17 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["FLOOR", "GRACE", "HOPS", "REASONS", "REFUSALS", "RETRY_AFTER", "TICK", "Shedder"]
+__all__ = [
+    "EARLY",
+    "FLOOR",
+    "GRACE",
+    "HOPS",
+    "REASONS",
+    "REFUSALS",
+    "RETRY_AFTER",
+    "TICK",
+    "Shedder",
+]
 
 TICK: Final = 0.05
 """Seconds between two trips of the probe (and two readings of the loop's lag)."""
@@ -64,6 +81,10 @@ HOPS: Final = 20
 GRACE: Final = 3
 """How many times ``max_queue_delay`` a trip may last before the limit is cut: a burst is
 taken whole while its wait stays under that."""
+EARLY: Final = 2
+"""How many times ``max_queue_delay`` a trip may last before the limit is cut if the
+requests held have grown past their most in the trip's first ``max_queue_delay`` (by more
+than ``FLOOR`` or an eighth): a flood, still coming while the loop is late."""
 FLOOR: Final = 8
 """Requests in flight the limit never goes below."""
 RESENT: Final = 4
@@ -97,6 +118,7 @@ class Shedder:
         "_limit",
         "_listeners",
         "_loop",
+        "_peak",
         "_refused",
         "_trip_started",
         "_tripping",
@@ -134,6 +156,9 @@ class Shedder:
         """Times the limit was cut during the trip under way."""
         self._admitted = self._refused = 0
         """Requests admitted and refused since the trip under way started."""
+        self._peak = 0
+        """The most requests held (in flight or let through) in the first
+        ``max_queue_delay`` of the trip under way."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
@@ -171,6 +196,7 @@ class Shedder:
             self._tripping = True
             self._trip_started = now
             self._cuts = self._admitted = self._refused = 0
+            self._peak = self.in_flight + self.pending
             self._loop.call_soon(self._hop, HOPS - 1)
         self._schedule()
 
@@ -239,11 +265,17 @@ class Shedder:
         in. Takes no slot: ``gateway.edge.refusal`` asks as a request's headers arrive (and
         counts one it lets through in ``pending`` until its task starts), and ``admit``
         asks again when the application takes the request."""
+        taken = self.in_flight + self.pending
         if self._tripping and (delay := self.max_queue_delay) is not None:
             elapsed = time.monotonic() - self._trip_started
-            if elapsed > delay * (GRACE + self._cuts):
+            if elapsed <= delay:
+                self._peak = max(self._peak, taken)
+            elif elapsed > delay * (GRACE + self._cuts) or (
+                not self._cuts
+                and elapsed > delay * EARLY
+                and taken > self._peak + max(FLOOR, self._peak >> 3)
+            ):
                 self._cut(elapsed)
-        taken = self.in_flight + self.pending
         if taken < self._limit:
             return None
         self._refused += 1

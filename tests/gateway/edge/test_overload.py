@@ -11,7 +11,7 @@ import time
 import httpx
 
 from gateway.config import AnthropicSettings, Settings, UpstreamSettings
-from gateway.edge.overload import FLOOR, GRACE, TICK, Shedder
+from gateway.edge.overload import EARLY, FLOOR, GRACE, TICK, Shedder
 from gateway.errors import Overloaded
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
@@ -86,18 +86,41 @@ async def test_a_cut_never_lifts_the_limit_above_a_cap_under_the_floor() -> None
 
 
 async def test_a_burst_is_taken_whole() -> None:
-    """200 requests in flight and the loop stuck for 0.2 s, under GRACE times
-    max_queue_delay (a burst being worked through): nothing is cut or refused."""
-    assert 0.1 * GRACE > 0.2
+    """200 requests in flight and the loop stuck for 0.25 s, past EARLY but under GRACE
+    times max_queue_delay (a burst being worked through): as answers go out, their clients
+    send their next requests, never more than the burst held: nothing is cut or refused."""
+    assert 0.1 * EARLY < 0.25 < 0.1 * GRACE
     shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
         assert not any(shedder.admit() for _ in range(200))
-        await _stuck_mid_trip(shedder, 0.2)
-        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.25)
+        for _ in range(100):
+            shedder.release()
+        assert not any(shedder.admit() for _ in range(100))
         assert shedder.limit == 1024
         await asyncio.sleep(TICK * 2)  # the late trip ends: late, but not past GRACE
         assert shedder.limit == 1024
+    finally:
+        shedder.stop()
+
+
+async def test_a_flood_still_growing_while_the_loop_is_late_is_cut_before_the_grace() -> None:
+    """200 requests in flight when the trip starts, the loop stuck for 0.25 s (past EARLY,
+    under GRACE times max_queue_delay), and requests still coming: once more than the
+    trip's 200 and their margin (25) are held, the limit is cut to what is in flight
+    times 0.1 s over the trip's time (about 90), and the rest are refused."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.25)
+        answers = [shedder.admit() for _ in range(100)]
+        assert not any(answers[:26])
+        assert all(isinstance(a, Overloaded) for a in answers[26:])
+        assert shedder.shed == {"in_flight": 0, "loop_wait": 74}
+        assert shedder.limit is not None
+        assert 80 <= shedder.limit <= 92
     finally:
         shedder.stop()
 
