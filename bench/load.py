@@ -104,16 +104,21 @@ async def burst(port: int, path: str, body: bytes, *, count: int) -> list[int]:
     async def one() -> int:
         try:
             async with asyncio.timeout(30):
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                try:
-                    writer.write(request)
-                    return await read_response(reader)
-                finally:
-                    writer.close()
+                return await on_new_connection(port, request)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
             return 0
 
     return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def on_new_connection(port: int, request: bytes) -> int:
+    """Send ``request`` on a connection of its own and read the whole answer; its status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await read_response(reader)
+    finally:
+        writer.close()
 
 
 @dataclass(frozen=True, slots=True)
