@@ -96,6 +96,31 @@ async def closed_loop(
     return ok / (time.perf_counter() - started), failed
 
 
+async def burst(port: int, path: str, body: bytes, *, count: int) -> list[int]:
+    """``count`` requests sent at once, each on a new connection: every answer's status
+    (0 when none came within 30 s)."""
+    request = request_bytes(path, body)
+
+    async def one() -> int:
+        try:
+            async with asyncio.timeout(30):
+                return await on_new_connection(port, request)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            return 0
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def on_new_connection(port: int, request: bytes) -> int:
+    """Send ``request`` on a connection of its own and read the whole answer; its status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await read_response(reader)
+    finally:
+        writer.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """One request of an open-loop run."""

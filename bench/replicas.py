@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.load import closed_loop, read_response, request_bytes
+from bench.load import closed_loop, on_new_connection, request_bytes
 from bench.overhead import ROOT, answers, free_port, history
 from bench.report import publish, quantile
 from pipelines import TokenCounter
@@ -247,16 +247,7 @@ async def hold(port: int, pid: int, body: bytes, n: int) -> dict[str, float]:
     the replica's peak memory from the moment all ``n`` are in flight (by its own gauge)
     until the first answer ends."""
     request = request_bytes(PATH, body)
-
-    async def one() -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(request)
-            return await read_response(reader)
-        finally:
-            writer.close()
-
-    tasks = [asyncio.create_task(one()) for _ in range(n)]
+    tasks = [asyncio.create_task(on_new_connection(port, request)) for _ in range(n)]
     deadline = time.monotonic() + 30
     while await in_flight(port) < n:
         if time.monotonic() > deadline or any(task.done() for task in tasks):

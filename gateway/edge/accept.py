@@ -11,7 +11,9 @@ even refuse it (docs/RELIABILITY.md, Overload).
 readable, accepts until the queue is empty, handing every connection to the server's own
 protocol, as the server would, in the same callback (not in a task, which would make a
 connection's first request wait one turn more). The server's one accept per turn goes on
-beside it: each connection is taken by one or the other and served the same way.
+beside it: each connection is taken by one or the other and served the same way. Given
+``first`` (``gateway.edge.refusal.first_request_refusal``), a connection's first request
+is screened as it is accepted, and answered there if the shedder refuses it.
 """
 
 from __future__ import annotations
@@ -44,16 +46,21 @@ class EagerAccept:
     """Accepts everything waiting on ``sockets`` whenever one is readable, and connects each
     connection to a new protocol from ``protocol_factory``."""
 
-    __slots__ = ("_factory", "_listeners", "_loop", "_ssl")
+    __slots__ = ("_factory", "_first", "_listeners", "_loop", "_ssl")
 
     def __init__(
         self,
         sockets: Iterable[Listening],
         protocol_factory: Callable[[], asyncio.Protocol],
         ssl_context: ssl.SSLContext | None = None,
+        first: Callable[[socket.socket], Callable[[], asyncio.Protocol] | None] | None = None,
     ) -> None:
+        """``first``: called with each new connection before it is set up (not with TLS,
+        whose bytes it could not read); the protocol factory to set it up with, or
+        ``None`` when it is done with the connection."""
         self._factory = protocol_factory
         self._ssl = ssl_context
+        self._first = first if ssl_context is None else None
         self._loop = asyncio.get_running_loop()
         self._listeners: list[socket.socket] = []
         for sock in sockets:
@@ -77,13 +84,15 @@ class EagerAccept:
                 self._loop.call_later(_BACKOFF, self._resume, listener)
                 return
             connection.setblocking(False)
-            self._connect(connection)
+            factory = self._factory if self._first is None else self._first(connection)
+            if factory is not None:
+                self._connect(connection, factory)
 
-    def _connect(self, connection: socket.socket) -> None:
+    def _connect(self, connection: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
         """Set the connection up (its transport and protocol) in this callback, as the
         server's own accept does. A task would wait a turn of the loop before its first
         step; a connection's first request then waited a turn longer than the next."""
-        setup = self._loop.connect_accepted_socket(self._factory, connection, ssl=self._ssl)
+        setup = self._loop.connect_accepted_socket(factory, connection, ssl=self._ssl)
         self._step(setup, None)
 
     def _step(self, setup: Coroutine[Any, Any, object], _: object) -> None:

@@ -17,22 +17,30 @@ are never checked, so probes and scrapes keep answering):
     what a request waits for the loop. One long turn (a 100K-token history is 5-25 ms of
     work in one step) hardly moves it; a saturated loop, every turn of which is long, moves
     it at once.
-  - **The limit**, cut and raised much as TCP's window is. Once a trip has lasted more
-    than ``GRACE`` (3) times ``max_queue_delay``, the limit falls to what is in flight
-    times ``max_queue_delay`` over the trip's time so far, and falls again for each
+  - **The limit**, cut and raised much as TCP's window is, and only for work that is
+    more than the loop can do in time: a flood still coming, or demand already past the
+    limit. A closed loop's clients never hold more than they are, and a burst sent at
+    once has arrived by the time the loop is late and only shrinks: both are taken whole
+    however late the loop (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of
+    work; 64 connections each sending its next request when its answer comes), bounded
+    by ``max_in_flight``. So the most requests held in a trip's first ``max_queue_delay``
+    is kept, and the limit falls to what is in flight times ``max_queue_delay`` over the
+    trip's time so far when a trip has lasted more than ``EARLY`` (2) times
+    ``max_queue_delay`` and more than that most (and a margin) are held, or more than
+    ``GRACE`` (3) times with requests already refused in it. It falls again for each
     further ``max_queue_delay`` the trip lasts. This is checked as requests arrive, so a
-    flood is cut within 0.3 s, not when the slow trip ends (a flood of 1,000 requests got
-    in between two readings when the probe only said yes or no). Under that, a burst is
-    taken whole (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of work). A
-    trip in time raises the limit by a sixteenth, so it is back at ``max_in_flight``
-    seconds after the overload ends. It never goes below ``FLOOR``: a few requests at
-    once are never overload, whatever their size (a serial client, or four 100K-token
-    histories, each a long turn by itself). Long streams are not refused for being many:
-    they leave the loop idle and the limit at the cap.
+    flood is cut within 0.2 s, not when the slow trip ends (a flood of 1,000 requests got
+    in between two readings when the probe only said yes or no). A trip in time raises
+    the limit by a sixteenth, so it is back at ``max_in_flight`` seconds after the
+    overload ends. It never goes below ``FLOOR``: a few requests at once are never
+    overload, whatever their size (a serial client, or four 100K-token histories, each a
+    long turn by itself). Long streams are not refused for being many: they leave the
+    loop idle and the limit at the cap.
   - **Refusals that feed themselves.** Clients that resend a refused request at once
-    (ignoring ``Retry-After``) keep the loop busy refusing and the trips late however low
-    the limit goes. When a late trip saw more than ``RESENT`` refusals per admission,
-    the limit doubles instead of falling: refusing is making the wait, not easing it.
+    (ignoring ``Retry-After``, or a closed loop cut by an earlier flood) keep the loop
+    busy refusing and the trips late however low the limit goes. When a late trip saw
+    more than ``RESENT`` refusals per admission, the limit doubles instead of falling,
+    or of staying where it is: refusing is making the wait, not easing it.
 
 Refusing fast also needs the connections to reach the process, and the refusal to go out
 before the admitted work: ``gateway.edge.accept`` takes in every connection the kernel has
@@ -55,15 +63,29 @@ from typing import Final, Protocol
 
 from gateway.errors import Overloaded
 
-__all__ = ["FLOOR", "GRACE", "HOPS", "REASONS", "REFUSALS", "RETRY_AFTER", "TICK", "Shedder"]
+__all__ = [
+    "EARLY",
+    "FLOOR",
+    "GRACE",
+    "HOPS",
+    "REASONS",
+    "REFUSALS",
+    "RETRY_AFTER",
+    "TICK",
+    "Shedder",
+]
 
 TICK: Final = 0.05
 """Seconds between two trips of the probe (and two readings of the loop's lag)."""
 HOPS: Final = 20
 """Turns of the event loop one trip of the probe goes through."""
+EARLY: Final = 2
+"""How many times ``max_queue_delay`` a trip may last before the limit is cut if the
+requests held have grown past their most in the trip's first ``max_queue_delay`` (by more
+than ``FLOOR`` or an eighth): a flood, still coming while the loop is late."""
 GRACE: Final = 3
-"""How many times ``max_queue_delay`` a trip may last before the limit is cut: a burst is
-taken whole while its wait stays under that."""
+"""How many times ``max_queue_delay`` a trip may last before the limit is cut if requests
+have been refused in it (demand past the limit), grown or not."""
 FLOOR: Final = 8
 """Requests in flight the limit never goes below."""
 RESENT: Final = 4
@@ -97,6 +119,7 @@ class Shedder:
         "_limit",
         "_listeners",
         "_loop",
+        "_peak",
         "_refused",
         "_trip_started",
         "_tripping",
@@ -134,6 +157,9 @@ class Shedder:
         """Times the limit was cut during the trip under way."""
         self._admitted = self._refused = 0
         """Requests admitted and refused since the trip under way started."""
+        self._peak = 0
+        """The most requests held (in flight or let through) in the first
+        ``max_queue_delay`` of the trip under way."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
@@ -171,6 +197,7 @@ class Shedder:
             self._tripping = True
             self._trip_started = now
             self._cuts = self._admitted = self._refused = 0
+            self._peak = self.in_flight + self.pending
             self._loop.call_soon(self._hop, HOPS - 1)
         self._schedule()
 
@@ -183,10 +210,18 @@ class Shedder:
         delay = self.max_queue_delay
         assert delay is not None
         if self.wait > delay * GRACE:
-            if not self._cuts:
+            if not self._cuts and (self._refused or self._growing(self.in_flight + self.pending)):
                 self._cut(self.wait)
         elif self.wait <= delay:
             self._limit = min(self._cap, self._limit + max(1, self._limit // 16))
+        elif self._refused > RESENT * max(1, self._admitted):
+            # Late, and the refused came straight back: the refusals make the wait.
+            self._limit = min(self._cap, 2 * self._limit)
+
+    def _growing(self, taken: int) -> bool:
+        """More requests are held than the most in the trip's first ``max_queue_delay``
+        and a margin: work still coming in while the loop is late."""
+        return taken > self._peak + max(FLOOR, self._peak >> 3)
 
     def _cut(self, elapsed: float) -> None:
         self._cuts += 1
@@ -239,11 +274,18 @@ class Shedder:
         in. Takes no slot: ``gateway.edge.refusal`` asks as a request's headers arrive (and
         counts one it lets through in ``pending`` until its task starts), and ``admit``
         asks again when the application takes the request."""
+        taken = self.in_flight + self.pending
         if self._tripping and (delay := self.max_queue_delay) is not None:
             elapsed = time.monotonic() - self._trip_started
-            if elapsed > delay * (GRACE + self._cuts):
+            if elapsed <= delay:
+                self._peak = max(self._peak, taken)
+            elif self._cuts:
+                if elapsed > delay * (GRACE + self._cuts):
+                    self._cut(elapsed)
+            elif (elapsed > delay * EARLY and self._growing(taken)) or (
+                elapsed > delay * GRACE and self._refused
+            ):
                 self._cut(elapsed)
-        taken = self.in_flight + self.pending
         if taken < self._limit:
             return None
         self._refused += 1

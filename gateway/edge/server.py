@@ -68,7 +68,7 @@ from uvicorn.server import Server  # noqa: E402
 from gateway.edge.accept import EagerAccept  # noqa: E402
 from gateway.edge.drain import Draining  # noqa: E402
 from gateway.edge.overload import Shedder  # noqa: E402
-from gateway.edge.refusal import refusing_protocol  # noqa: E402
+from gateway.edge.refusal import first_request_refusal, refusing_protocol  # noqa: E402
 
 __all__ = ["Config", "DrainingServer", "FirstUpgrade"]
 
@@ -107,10 +107,11 @@ class DrainingServer(Server):
     ) -> None:
         """``warm``: called once the port is open (``Gateway.warm``)."""
         config.timeout_graceful_shutdown = int(grace + _BACKSTOP)
+        self._refusing: type[asyncio.Protocol] | None = None
         if shedder is not None and config.http in ("auto", "httptools"):
-            protocol = refusing_protocol(shedder)
-            if protocol is not None:
-                config.http = protocol
+            self._refusing = refusing_protocol(shedder)
+            if self._refusing is not None:
+                config.http = self._refusing
         if config.ws == "auto":
             config.ws = FirstUpgrade
         super().__init__(config)
@@ -137,7 +138,12 @@ class DrainingServer(Server):
                 _loop=loop,
             )
 
-        self._accept = EagerAccept(listening, protocol, config.ssl)
+        # The first request of a new connection refused as it is accepted: where the
+        # protocol refuses (httptools), so that both answer alike.
+        first = None
+        if self._shedder is not None and config.http is self._refusing:
+            first = first_request_refusal(self._shedder, self.server_state, protocol)
+        self._accept = EagerAccept(listening, protocol, config.ssl, first)
         if self._shedder is not None:
             self._shedder.listen_on(listening)
         if self._warm is not None and not self.should_exit:

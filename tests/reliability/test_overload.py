@@ -15,13 +15,14 @@ import socket
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
-from bench.load import Answer, closed_loop, open_loop
+from bench.load import Answer, burst, closed_loop, open_loop
 from tests.harness import ServeProcess
 from tests.reliability.process_watch import LONG, gauge, mock_upstream_process, rss_mib
 
@@ -205,6 +206,42 @@ def test_excess_load_is_refused_fast_and_the_accepted_requests_stay_on_time(
     assert run.after["in_flight"] == 0
     assert run.after["pending"] == 0  # every request let through by the protocol started
     assert run.after["status"] == 200
+
+
+BURST = 500
+"""Small requests sent at once on new connections: about half a second of work."""
+SHED_TOTAL = "contextgate_overload_shed_total{"
+CLOSED_LOOPS = (16, 64)
+"""Connections of the closed loops, each sending its next request when its answer comes."""
+
+
+def test_a_burst_and_closed_loops_are_served_not_refused(upstream: str) -> None:
+    """What the limit must leave alone, on a fresh gateway with the defaults: a burst of
+    500 small requests at once, and closed loops of 16 and 64 connections for 4 s each
+    (more work than the loop keeps up with in time, but never more than the clients
+    are): every request answered 200, none refused."""
+    with tempfile.TemporaryDirectory() as workdir:
+        yaml = f"upstream:\n  base_url: {upstream}\nsummaries: false\n"
+        with ServeProcess(yaml, workdir, "--log-level", "warning") as gateway:
+            asyncio.run(closed_loop(gateway.port, PATH, BODY, concurrency=16, seconds=1.5))
+            statuses = asyncio.run(burst(gateway.port, PATH, BODY, count=BURST))
+            loops = {
+                connections: asyncio.run(
+                    closed_loop(gateway.port, PATH, BODY, concurrency=connections, seconds=4)
+                )
+                for connections in CLOSED_LOOPS
+            }
+            metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    shed = [line for line in metrics.splitlines() if line.startswith(SHED_TOTAL)]
+    print(
+        f"\nburst of {BURST}: {sorted(Counter(statuses).items())};"
+        + "".join(
+            f" {c} connections {rate:.0f}/s, {bad} not 200;" for c, (rate, bad) in loops.items()
+        )
+        + f" {shed}"
+    )
+    assert statuses == [200] * BURST
+    assert all(bad == 0 for _, bad in loops.values()), loops
 
 
 @pytest.mark.skipif(not LONG, reason="long run: CONTEXTGATE_RELIABILITY=long (make soak)")

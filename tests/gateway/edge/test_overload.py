@@ -11,7 +11,7 @@ import time
 import httpx
 
 from gateway.config import AnthropicSettings, Settings, UpstreamSettings
-from gateway.edge.overload import FLOOR, GRACE, TICK, Shedder
+from gateway.edge.overload import EARLY, FLOOR, GRACE, TICK, Shedder
 from gateway.errors import Overloaded
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
@@ -55,18 +55,26 @@ async def _stuck_mid_trip(shedder: Shedder, seconds: float) -> None:
     time.sleep(seconds)  # noqa: ASYNC251 -- the point: the loop is stuck
 
 
+async def _trip_over(shedder: Shedder) -> None:
+    """Run the loop until the probe's trip under way is over (its wait just measured)."""
+    while shedder.probing:
+        await asyncio.sleep(0)
+
+
 async def test_a_long_step_with_few_requests_in_flight_is_not_overload() -> None:
-    """The loop stuck for 0.5 s (a huge request worked on) with a few requests in flight:
-    the next ones are admitted all the same, up to the floor."""
+    """The loop stuck for 0.5 s (a huge request worked on) with 3 requests in flight: the
+    next ones are admitted all the same, up to the 3 and a margin of the floor; past that,
+    work still coming while the loop is late, the limit is cut, never below the floor."""
     shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
         for _ in range(3):
             assert shedder.admit() is None
         await _stuck_mid_trip(shedder, 0.5)
-        assert all(shedder.admit() is None for _ in range(FLOOR - 3))
-        assert shedder.limit == FLOOR
+        assert all(shedder.admit() is None for _ in range(FLOOR + 1))
+        assert shedder.limit == 1024
         assert isinstance(shedder.admit(), Overloaded)
+        assert shedder.limit == FLOOR
     finally:
         shedder.stop()
 
@@ -86,15 +94,18 @@ async def test_a_cut_never_lifts_the_limit_above_a_cap_under_the_floor() -> None
 
 
 async def test_a_burst_is_taken_whole() -> None:
-    """200 requests in flight and the loop stuck for 0.2 s, under GRACE times
-    max_queue_delay (a burst being worked through): nothing is cut or refused."""
-    assert 0.1 * GRACE > 0.2
+    """200 requests in flight and the loop stuck for 0.25 s, past EARLY but under GRACE
+    times max_queue_delay (a burst being worked through): as answers go out, their clients
+    send their next requests, never more than the burst held: nothing is cut or refused."""
+    assert 0.1 * EARLY < 0.25 < 0.1 * GRACE
     shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
         assert not any(shedder.admit() for _ in range(200))
-        await _stuck_mid_trip(shedder, 0.2)
-        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.25)
+        for _ in range(100):
+            shedder.release()
+        assert not any(shedder.admit() for _ in range(100))
         assert shedder.limit == 1024
         await asyncio.sleep(TICK * 2)  # the late trip ends: late, but not past GRACE
         assert shedder.limit == 1024
@@ -102,23 +113,45 @@ async def test_a_burst_is_taken_whole() -> None:
         shedder.stop()
 
 
+async def test_a_flood_still_growing_while_the_loop_is_late_is_cut_before_the_grace() -> None:
+    """200 requests in flight when the trip starts, the loop stuck for 0.25 s (past EARLY,
+    under GRACE times max_queue_delay), and requests still coming: once more than the
+    trip's 200 and their margin (25) are held, the limit is cut to what is in flight
+    times 0.1 s over the trip's time (about 90), and the rest are refused."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(200))
+        await _stuck_mid_trip(shedder, 0.25)
+        answers = [shedder.admit() for _ in range(100)]
+        assert not any(answers[:26])
+        assert all(isinstance(a, Overloaded) for a in answers[26:])
+        assert shedder.shed == {"in_flight": 0, "loop_wait": 74}
+        assert shedder.limit is not None
+        assert 80 <= shedder.limit <= 92
+    finally:
+        shedder.stop()
+
+
 async def test_a_flood_on_a_stuck_loop_is_cut_at_once_and_the_limit_comes_back() -> None:
-    """200 requests in flight and the loop stuck for 0.4 s: the next request is refused,
-    before the probe's trip is over, the limit cut to what is in flight times 0.1 s over
-    the trip's time. Once the loop keeps up again the limit climbs back to max_in_flight
-    within a few seconds."""
+    """200 requests in flight and the loop stuck for 0.4 s, and requests still coming:
+    past the 200 and their margin (25) the next request is refused, before the probe's
+    trip is over, the limit cut to what is in flight times 0.1 s over the trip's time.
+    Once the loop keeps up again the limit climbs back to max_in_flight within a few
+    seconds."""
     shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
         assert not any(shedder.admit() for _ in range(200))
         await _stuck_mid_trip(shedder, 0.4)
+        assert not any(shedder.admit() for _ in range(26))
         refused = shedder.admit()
         assert isinstance(refused, Overloaded)
         assert "event loop" in refused.message
         assert shedder.shed == {"in_flight": 0, "loop_wait": 1}
         assert shedder.limit is not None
-        assert 40 <= shedder.limit <= 50
-        for _ in range(200):
+        assert 45 <= shedder.limit <= 57
+        for _ in range(226):
             shedder.release()
         deadline = time.monotonic() + 10
         while shedder.limit != 1024 and time.monotonic() < deadline:
@@ -130,21 +163,51 @@ async def test_a_flood_on_a_stuck_loop_is_cut_at_once_and_the_limit_comes_back()
         shedder.stop()
 
 
+async def test_a_closed_loop_late_past_the_grace_is_not_cut() -> None:
+    """64 requests in flight, each answered one replaced by its client's next (a closed
+    loop), and the loop stuck past GRACE times max_queue_delay: no more work than the
+    clients are, none refused: the limit stays where it was."""
+    shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
+    shedder.start()
+    try:
+        assert not any(shedder.admit() for _ in range(64))
+        await _stuck_mid_trip(shedder, 0.35)
+        for _ in range(64):
+            shedder.release()
+            assert shedder.admit() is None
+        await _trip_over(shedder)
+        assert shedder.wait > 0.1 * GRACE
+        assert shedder.limit == 1024
+    finally:
+        shedder.stop()
+
+
 async def test_clients_resending_at_once_do_not_hold_the_limit_down() -> None:
     """The limit cut, then refusal after refusal while the loop stays stuck (clients
-    resending at once): at the next cut the limit doubles instead of falling."""
+    resending at once): at the next cut the limit doubles instead of falling. And a later
+    trip, late but under the grace, that saw more than RESENT refusals per admission
+    doubles it again as it ends: refusing is what keeps it late."""
     shedder = Shedder(max_in_flight=1024, max_queue_delay=0.1)
     shedder.start()
     try:
         assert not any(shedder.admit() for _ in range(200))
         await _stuck_mid_trip(shedder, 0.4)
+        assert not any(shedder.admit() for _ in range(26))
         assert all(isinstance(shedder.admit(), Overloaded) for _ in range(500))
         cut = shedder.limit
         assert cut is not None
-        assert cut < 50
+        assert cut < 60
         time.sleep(0.15)  # noqa: ASYNC251 -- still stuck, the same trip under way
         shedder.admit()
         assert shedder.limit == 2 * cut
+        for _ in range(226 - 2 * cut):
+            shedder.release()  # as many in flight as the limit: the next are refused
+        await _trip_over(shedder)
+        await _stuck_mid_trip(shedder, 0.15)
+        assert all(isinstance(shedder.admit(), Overloaded) for _ in range(100))
+        await _trip_over(shedder)
+        assert 0.1 < shedder.wait < 0.1 * GRACE
+        assert shedder.limit == 4 * cut
     finally:
         shedder.stop()
 

@@ -4,14 +4,18 @@ request; probes and other routes untouched."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 
 from gateway.config import AnthropicSettings, Settings, UpstreamSettings
+from gateway.edge.overload import Shedder
+from gateway.edge.refusal import first_request_refusal
 from tests.harness import GatewayServer
 from tests.mock_upstream import JSONReply, MockUpstream, chat_completion
 
@@ -219,3 +223,119 @@ def test_requests_read_in_one_turn_are_screened_with_those_let_through_before_th
     assert shedder.shed == {"in_flight": 1, "loop_wait": 0}
     assert shedder.pending == 0
     assert shedder.in_flight == 0
+
+
+class Connected(asyncio.Protocol):
+    """What a server's protocol factory makes (here: nothing more)."""
+
+
+def _accepted(request: bytes) -> tuple[socket.socket, socket.socket]:
+    """A new connection as ``gateway.edge.accept`` is handed it (accepted, non-blocking)
+    once its client has sent ``request``; and the client's end."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname()[:2], timeout=5)
+        client.sendall(request)
+        connection, _ = listener.accept()
+    connection.setblocking(False)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # loopback: the bytes are there at once, or nearly
+        try:
+            if len(connection.recv(65_536, socket.MSG_PEEK)) >= len(request):
+                break
+        except BlockingIOError:
+            pass
+        time.sleep(0.001)
+    return connection, client
+
+
+def _waiting(connection: socket.socket) -> bytes:
+    """What is still unread in ``connection`` (b"" if nothing)."""
+    try:
+        return connection.recv(65_536, socket.MSG_PEEK)
+    except BlockingIOError:
+        return b""
+
+
+def test_a_new_connections_first_request_is_refused_as_it_is_accepted() -> None:
+    """The shedder full: a new connection's first request, all arrived, is read and
+    answered as the connection is accepted (the 503 in the route's envelope, Retry-After,
+    a request id, the server's date), and the connection handed on for the next request,
+    which stays in the socket; one asking to close gets its 503 and the close."""
+    shedder = Shedder(max_in_flight=1, max_queue_delay=None)
+    assert shedder.admit() is None
+    server_state = SimpleNamespace(default_headers=[(b"date", b"Sun, 29 Nov 2026 22:00:00 GMT")])
+    made: list[asyncio.Protocol] = []
+
+    def protocol() -> asyncio.Protocol:
+        made.append(asyncio.Protocol())
+        return made[-1]
+
+    screen = first_request_refusal(shedder, server_state, protocol)
+    following = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    connection, client = _accepted(_request("/v1/chat/completions", BODY) + following)
+    with connection, client:
+        assert screen(connection) is protocol
+        status, headers, body = _answer(client, bytearray())
+        assert _waiting(connection) == following
+    assert status == 503
+    assert headers["retry-after"] == "1"
+    assert headers["date"] == "sun, 29 nov 2026 22:00:00 gmt"  # (read lowercased)
+    assert headers["x-contextgate-request-id"].startswith("cg-")
+    assert "connection" not in headers
+    assert b'"code":"gateway_overloaded"' in body
+    connection, client = _accepted(_request("/v1/messages", CLAUDE, close=True))
+    with connection, client:
+        assert screen(connection) is None
+        status, headers, body = _answer(client, bytearray())
+        assert client.recv(1) == b""
+    assert status == 503
+    assert headers["connection"] == "close"
+    assert body.startswith(b'{"type":"error","error":{"type":"api_error"')
+    assert shedder.shed == {"in_flight": 2, "loop_wait": 0}
+    assert shedder.pending == 0
+
+
+def test_a_new_connections_first_request_let_through_is_counted_as_it_is_accepted() -> None:
+    """The shedder with room: the first request is left in the socket for the protocol,
+    counted as let through at once (the requests read in the same turn see it), and the
+    connection's protocol made knowing it (it will not screen that request again)."""
+    shedder = Shedder(max_in_flight=1, max_queue_delay=None)
+    screen = first_request_refusal(shedder, SimpleNamespace(default_headers=[]), Connected)
+    request = _request("/v1/chat/completions", BODY)
+    connection, client = _accepted(request)
+    with connection, client:
+        factory = screen(connection)
+        assert factory is not None
+        assert factory is not Connected
+        assert factory()._let_through  # type: ignore[attr-defined]
+        assert _waiting(connection) == request
+    assert shedder.pending == 1
+    assert shedder.screen() is not None, "the one slot is taken by the request let through"
+
+
+def test_a_new_connections_first_request_is_left_to_the_protocol_unless_whole_and_work() -> None:
+    """The shedder full, and new connections whose first request is not one to screen as
+    accepted: a probe, HEAD, a body still coming, chunked, Expect: 100-continue, an
+    escaped path, HTTP/1.0, nothing sent yet: left in the socket, nothing counted."""
+    shedder = Shedder(max_in_flight=1, max_queue_delay=None)
+    assert shedder.admit() is None
+    screen = first_request_refusal(shedder, SimpleNamespace(default_headers=[]), asyncio.Protocol)
+    chat = _request("/v1/chat/completions", BODY)
+    head = chat[: chat.index(b"\r\n\r\n")]
+    cases = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        chat[:-5],
+        head.replace(b"Content-Length", b"Transfer-Encoding: chunked\r\nX-Length") + b"\r\n\r\n",
+        head + b"\r\nExpect: 100-continue\r\n\r\n",
+        chat.replace(b"/v1/chat/completions", b"/v1/%6Dessages"),
+        chat.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        b"",
+    ]
+    for sent in cases:
+        connection, client = _accepted(sent)
+        with connection, client:
+            assert screen(connection) is asyncio.Protocol, sent
+            assert _waiting(connection) == sent
+    assert shedder.shed == {"in_flight": 0, "loop_wait": 0}
+    assert shedder.pending == 0
