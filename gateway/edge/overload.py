@@ -119,6 +119,7 @@ class Shedder:
         "_limit",
         "_listeners",
         "_loop",
+        "_fresh",
         "_peak",
         "_refused",
         "_trip_started",
@@ -158,6 +159,7 @@ class Shedder:
         self._admitted = self._refused = 0
         """Requests admitted and refused since the trip under way started."""
         self._peak = 0
+        self._fresh = True
         """The most requests held (in flight or let through) in the first
         ``max_queue_delay`` of the trip under way."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -197,7 +199,11 @@ class Shedder:
             self._tripping = True
             self._trip_started = now
             self._cuts = self._admitted = self._refused = 0
-            self._peak = self.in_flight + self.pending
+            # The baseline is kept through consecutive late trips: an overload growing
+            # a little each trip adds up, where a burst or a closed loop never does.
+            self._fresh = self.wait <= self.max_queue_delay
+            if self._fresh:
+                self._peak = self.in_flight + self.pending
             self._loop.call_soon(self._hop, HOPS - 1)
         self._schedule()
 
@@ -278,7 +284,8 @@ class Shedder:
         if self._tripping and (delay := self.max_queue_delay) is not None:
             elapsed = time.monotonic() - self._trip_started
             if elapsed <= delay:
-                self._peak = max(self._peak, taken)
+                if self._fresh:
+                    self._peak = max(self._peak, taken)
             elif self._cuts:
                 if elapsed > delay * (GRACE + self._cuts):
                     self._cut(elapsed)
