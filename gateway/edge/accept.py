@@ -84,7 +84,12 @@ class EagerAccept:
                 self._loop.call_later(_BACKOFF, self._resume, listener)
                 return
             connection.setblocking(False)
-            factory = self._factory if self._first is None else self._first(connection)
+            factory: Callable[[], asyncio.Protocol] | None = self._factory
+            if self._first is not None:
+                try:
+                    factory = self._first(connection)
+                except Exception:  # never lose the connection (or the rest of the queue)
+                    log.exception("screening a new connection's first request failed")
             if factory is not None:
                 self._connect(connection, factory)
 

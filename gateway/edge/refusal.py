@@ -113,6 +113,9 @@ def refusing_protocol(shedder: Shedder) -> type[asyncio.Protocol] | None:
         return wrapped
 
     class RefusingProtocol(HttpToolsProtocol):
+        _answered = False
+        """Its first request was refused and answered as the connection was accepted: the
+        connection is idle from the start, under the keep-alive limit."""
         _let_through = False
         """Its first request was screened and counted as the connection was accepted
         (``first_request_refusal``)."""
@@ -169,6 +172,12 @@ def refusing_protocol(shedder: Shedder) -> type[asyncio.Protocol] | None:
                     self._refused_timer.cancel()
                 refused.on_response()
 
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if self._answered:  # what uvicorn does once a response is complete
+                self._answered = False
+                self.on_response_complete()
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self._let_through:  # gone before its first request was read
                 self._let_through = False
@@ -199,6 +208,12 @@ def first_request_refusal(
     def let_through() -> asyncio.Protocol:
         made = protocol()
         made._let_through = True  # type: ignore[attr-defined]
+        shedder.pending += 1  # counted once the protocol that gives it back exists
+        return made
+
+    def answered() -> asyncio.Protocol:
+        made = protocol()
+        made._answered = True  # type: ignore[attr-defined]
         return made
 
     def screen(connection: socket.socket) -> Callable[[], asyncio.Protocol] | None:
@@ -210,14 +225,13 @@ def first_request_refusal(
         if request is None:
             return protocol
         if (reason := shedder.screen()) is None:
-            shedder.pending += 1
             return let_through
         length, anthropic, keep_alive = request
         answer = _refusal(reason, anthropic, keep_alive, server_state.default_headers)
         try:
             connection.recv(length)  # the request, answered: what follows is the next
             if connection.send(answer) == len(answer) and keep_alive:
-                return protocol
+                return answered
         except OSError:
             pass
         connection.close()  # asked for, or gone (a new socket takes a few hundred bytes)
@@ -244,7 +258,7 @@ def _whole_work_request(data: bytes) -> tuple[int, bool, bool] | None:
         return None
     length = 0
     keep_alive = True
-    seen_length = False
+    seen_length = seen_connection = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         name = name.lower()
@@ -252,12 +266,15 @@ def _whole_work_request(data: bytes) -> tuple[int, bool, bool] | None:
             return None
         value = value.strip()
         if name == b"content-length":
-            if seen_length or not value.isdigit():
+            if seen_length or not value.isdigit() or len(value) > 12:
                 return None
             seen_length, length = True, int(value)
         elif name in _LEFT_TO_THE_PROTOCOL:
             return None
-        elif name == b"connection":
+        elif name in (b"connection", b"proxy-connection"):  # llhttp reads both
+            if seen_connection:  # llhttp adds their tokens up: left to it
+                return None
+            seen_connection = True
             tokens = {token.strip() for token in value.lower().split(b",")}
             if b"upgrade" in tokens:
                 return None

@@ -267,14 +267,16 @@ def test_a_new_connections_first_request_is_refused_as_it_is_accepted() -> None:
     made: list[asyncio.Protocol] = []
 
     def protocol() -> asyncio.Protocol:
-        made.append(asyncio.Protocol())
+        made.append(Connected())
         return made[-1]
 
     screen = first_request_refusal(shedder, server_state, protocol)
     following = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     connection, client = _accepted(_request("/v1/chat/completions", BODY) + following)
     with connection, client:
-        assert screen(connection) is protocol
+        answered = screen(connection)
+        assert answered is not None
+        assert answered() is made[-1]  # (review: made knowing it was answered)
         status, headers, body = _answer(client, bytearray())
         assert _waiting(connection) == following
     assert status == 503
