@@ -23,24 +23,26 @@ are never checked, so probes and scrapes keep answering):
     once has arrived by the time the loop is late and only shrinks: both are taken whole
     however late the loop (500 small requests at once, or 300 of 20K tokens: 0.4-0.8 s of
     work; 64 connections each sending its next request when its answer comes), bounded
-    by ``max_in_flight``. So the most requests held in a trip's first ``max_queue_delay``
-    is kept, and the limit falls to what is in flight times ``max_queue_delay`` over the
-    trip's time so far when a trip has lasted more than ``EARLY`` (2) times
-    ``max_queue_delay`` and more than that most (and a margin) are held, or more than
-    ``GRACE`` (3) times with requests already refused in it. It falls again for each
-    further ``max_queue_delay`` the trip lasts. This is checked as requests arrive, so a
-    flood is cut within 0.2 s, not when the slow trip ends (a flood of 1,000 requests got
-    in between two readings when the probe only said yes or no). A trip in time raises
-    the limit by a sixteenth, so it is back at ``max_in_flight`` seconds after the
-    overload ends. It never goes below ``FLOOR``: a few requests at once are never
+    by ``max_in_flight``. So the most requests held in the first ``max_queue_delay`` of a
+    late episode (consecutive late trips) is kept, and the limit falls to what is in
+    flight times ``max_queue_delay`` over the trip's time so far when a trip has lasted
+    more than ``EARLY`` (2) times ``max_queue_delay`` and more than that most (and a
+    margin) are held, or more than ``GRACE`` (3) times with requests already refused in
+    it. Once cut, it falls again at each further ``max_queue_delay`` past ``GRACE``
+    times. This is checked as requests arrive, so a flood still growing is cut within
+    0.2 s of a trip, one held at ``max_in_flight`` within 0.3 s, not when the slow trip
+    ends (a flood of 1,000 requests got in between two readings when the probe only said
+    yes or no). A trip in time raises the limit by a sixteenth, so it is back at
+    ``max_in_flight`` seconds after the overload ends. It never goes below ``FLOOR``: a few requests at once are never
     overload, whatever their size (a serial client, or four 100K-token histories, each a
     long turn by itself). Long streams are not refused for being many: they leave the
     loop idle and the limit at the cap.
   - **Refusals that feed themselves.** Clients that resend a refused request at once
     (ignoring ``Retry-After``, or a closed loop cut by an earlier flood) keep the loop
     busy refusing and the trips late however low the limit goes. When a late trip saw
-    more than ``RESENT`` refusals per admission, the limit doubles instead of falling,
-    or of staying where it is: refusing is making the wait, not easing it.
+    more than ``RESENT`` refusals per admission, the limit doubles at a cut instead of
+    falling, and rises by a sixteenth at the trip's end, as after a trip in time:
+    refusing is making the wait, not easing it.
 
 Refusing fast also needs the connections to reach the process, and the refusal to go out
 before the admitted work: ``gateway.edge.accept`` takes in every connection the kernel has
@@ -81,8 +83,9 @@ HOPS: Final = 20
 """Turns of the event loop one trip of the probe goes through."""
 EARLY: Final = 2
 """How many times ``max_queue_delay`` a trip may last before the limit is cut if the
-requests held have grown past their most in the trip's first ``max_queue_delay`` (by more
-than ``FLOOR`` or an eighth): a flood, still coming while the loop is late."""
+requests held have grown past their most in the first ``max_queue_delay`` of the late
+episode (by more than twice ``FLOOR`` or an eighth): a flood, still coming while the loop
+is late."""
 GRACE: Final = 3
 """How many times ``max_queue_delay`` a trip may last before the limit is cut if requests
 have been refused in it (demand past the limit), grown or not."""
@@ -159,9 +162,11 @@ class Shedder:
         self._admitted = self._refused = 0
         """Requests admitted and refused since the trip under way started."""
         self._peak = 0
-        self._fresh = True
         """The most requests held (in flight or let through) in the first
-        ``max_queue_delay`` of the trip under way."""
+        ``max_queue_delay`` of the last trip that began after one in time: what a late
+        episode's growth is measured from."""
+        self._fresh = True
+        """The trip under way began after one in time (it sets ``_peak``)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
 
@@ -200,7 +205,7 @@ class Shedder:
             self._trip_started = now
             self._cuts = self._admitted = self._refused = 0
             # The baseline is kept through consecutive late trips: an overload growing
-            # a little each trip adds up, where a burst or a closed loop never does.
+            # a little each trip adds up, where a burst or a closed loop does not.
             self._fresh = self.wait <= self.max_queue_delay
             if self._fresh:
                 self._peak = self.in_flight + self.pending
@@ -221,13 +226,15 @@ class Shedder:
         elif self.wait <= delay:
             self._limit = min(self._cap, self._limit + max(1, self._limit // 16))
         elif self._refused > RESENT * max(1, self._admitted):
-            # Late, and the refused came straight back: the refusals make the wait.
-            self._limit = min(self._cap, 2 * self._limit)
+            # Late, and the refused came straight back: the refusals make the wait, and
+            # the limit is raised as by a trip in time (not doubled: an open loop on a
+            # host short of CPU looks the same).
+            self._limit = min(self._cap, self._limit + max(1, self._limit // 16))
 
     def _growing(self, taken: int) -> bool:
-        """More requests are held than the most in the trip's first ``max_queue_delay``
+        """More requests are held than the most at the late episode's start (``_peak``)
         and a margin: work still coming in while the loop is late."""
-        return taken > self._peak + max(FLOOR, self._peak >> 3)
+        return taken > self._peak + max(2 * FLOOR, self._peak >> 3)
 
     def _cut(self, elapsed: float) -> None:
         self._cuts += 1
