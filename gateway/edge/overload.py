@@ -33,10 +33,10 @@ are never checked, so probes and scrapes keep answering):
     0.2 s of a trip, one held at ``max_in_flight`` within 0.3 s, not when the slow trip
     ends (a flood of 1,000 requests got in between two readings when the probe only said
     yes or no). A trip in time raises the limit by a sixteenth, so it is back at
-    ``max_in_flight`` seconds after the overload ends. It never goes below ``FLOOR``: a few requests at once are never
-    overload, whatever their size (a serial client, or four 100K-token histories, each a
-    long turn by itself). Long streams are not refused for being many: they leave the
-    loop idle and the limit at the cap.
+    ``max_in_flight`` seconds after the overload ends. It never goes below ``FLOOR``: a
+    few requests at once are never overload, whatever their size (a serial client, or
+    four 100K-token histories, each a long turn by itself). Long streams are not refused
+    for being many: they leave the loop idle and the limit at the cap.
   - **Refusals that feed themselves.** Clients that resend a refused request at once
     (ignoring ``Retry-After``, or a closed loop cut by an earlier flood) keep the loop
     busy refusing and the trips late however low the limit goes. When a late trip saw
