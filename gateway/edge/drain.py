@@ -23,8 +23,6 @@ import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any
 
 import anyio
 from litestar.enums import ScopeType
@@ -52,7 +50,7 @@ class Draining:
     __slots__ = ("_begun", "_quiet", "_scopes", "_sockets", "_timer", "expired", "started")
 
     def __init__(self) -> None:
-        self._scopes: set[anyio.CancelScope | RequestScope] = set()
+        self._scopes: set[anyio.CancelScope] = set()
         self._sockets = 0
         self._begun = asyncio.Event()
         self._quiet = asyncio.Event()
@@ -104,14 +102,8 @@ class Draining:
         self._sockets += 1
         self._quiet.clear()
         try:
-            with anyio.CancelScope() as scope:
-                if self.expired:
-                    scope.cancel()
-                self._scopes.add(scope)
-                try:
-                    yield scope
-                finally:
-                    self._scopes.discard(scope)
+            with self.request() as scope:
+                yield scope
         finally:
             self._sockets -= 1
             if not self._sockets:
@@ -122,59 +114,17 @@ class Draining:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._quiet.wait(), within)
 
-    def request(self) -> RequestScope:
+    @contextmanager
+    def request(self) -> Iterator[anyio.CancelScope]:
         """A scope for one request, cancelled when the grace period ends."""
-        return RequestScope(self._scopes, expired=self.expired)
-
-
-class RequestScope:
-    """One HTTP request under the drain (``with``, in the request's task): when the grace
-    period ends, the task is cancelled once, as ``asyncio.timeout`` cancels it at its
-    deadline, and the scope takes that cancellation back (``Task.uncancel``) where it ends
-    the request (``cancelled_caught``); any other cancellation (the server's, a second
-    one) goes on as it came. An anyio ``CancelScope`` cost a request about 30,000
-    instructions (its task's state kept in a weak dictionary), a fiftieth of a small
-    request's work in the gateway; a WebSocket connection, whose handler runs task
-    groups for as long as it is open, keeps one (``Draining.socket``)."""
-
-    __slots__ = ("_cancelling", "_scopes", "_task", "cancel_called", "cancelled_caught")
-
-    def __init__(self, scopes: set[anyio.CancelScope | RequestScope], *, expired: bool) -> None:
-        self._scopes = scopes
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self.cancel_called = expired
-        self.cancelled_caught = False
-
-    def cancel(self) -> None:
-        """End the request: its task is cancelled (once, and only while in the scope)."""
-        if self._task is not None and not self.cancel_called:
-            self._task.cancel()
-        self.cancel_called = True
-
-    def __enter__(self) -> RequestScope:
-        task = asyncio.current_task()
-        assert task is not None, "a request runs in a task"
-        self._task, self._cancelling = task, task.cancelling()
-        if self.cancel_called:  # the grace period was over before the request began
-            task.cancel()
-        self._scopes.add(self)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool:
-        self._scopes.discard(self)
-        task, self._task = self._task, None
-        if not self.cancel_called or task is None:
-            return False
-        if task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
-            self.cancelled_caught = True
-            return True
-        return False
+        with anyio.CancelScope() as scope:
+            if self.expired:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
 
 
 class Drain:

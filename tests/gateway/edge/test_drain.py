@@ -5,7 +5,6 @@ exits 0 before the orchestrator would kill it."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import socket
 import threading
@@ -20,7 +19,6 @@ import openai
 import orjson
 import pytest
 
-from gateway.edge.drain import Draining
 from tests.conftest import settings_for
 from tests.harness import GatewayServer, ServeProcess
 from tests.mock_upstream import (
@@ -357,45 +355,3 @@ def test_a_responses_stream_the_deadline_ends_gets_an_error_numbered_after_its_e
     assert data[-1]["type"] == "error"
     assert data[-1]["code"] == "gateway_shutting_down"
     assert data[-1]["sequence_number"] == data[-2]["sequence_number"] + 1
-
-
-async def test_the_grace_periods_end_is_caught_by_the_requests_scope_and_nothing_else() -> None:
-    """At the deadline a request's scope ends it (its cancellation taken back, the task
-    no longer cancelling); a request begun after the deadline ends at its first await; a
-    cancellation from elsewhere goes on through the scope, alone or beside the drain's."""
-    draining = Draining()
-
-    async def request(extra_cancel: bool = False) -> bool:
-        with draining.request() as scope:
-            if extra_cancel:
-                task = asyncio.current_task()
-                assert task is not None
-                task.cancel()
-            await asyncio.sleep(10)
-        task = asyncio.current_task()
-        assert task is not None
-        assert task.cancelling() == 0
-        return scope.cancelled_caught
-
-    running = asyncio.create_task(request())
-    await asyncio.sleep(0)
-    draining.begin(grace=0)
-    assert await running is True
-
-    assert await asyncio.create_task(request()) is True  # begun after the deadline
-
-    other = Draining()
-    outside = asyncio.create_task(request_under(other))
-    await asyncio.sleep(0)
-    outside.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await outside
-
-    both = asyncio.create_task(request(extra_cancel=True))
-    with pytest.raises(asyncio.CancelledError):
-        await both
-
-
-async def request_under(draining: Draining) -> None:
-    with draining.request():
-        await asyncio.sleep(10)
