@@ -70,7 +70,9 @@ class _Family(Collector):
         self.labelnames = tuple(labelnames)
 
     def _created(self, family: Metric, labels: tuple[str, ...], created: float) -> None:
-        if _library._use_created:
+        # prometheus-client's own switch (PROMETHEUS_DISABLE_CREATED_SERIES,
+        # disable_created_metrics), private: read as the library's metrics read it.
+        if getattr(_library, "_use_created", True):
             family.add_sample(
                 f"{self.name}_created", dict(zip(self.labelnames, labels, strict=True)), created
             )
