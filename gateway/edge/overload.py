@@ -26,11 +26,11 @@ are never checked, so probes and scrapes keep answering):
     by ``max_in_flight``. So the most requests held in the first ``max_queue_delay`` of a
     late episode (consecutive late trips) is kept, and the limit falls to what is in
     flight times ``max_queue_delay`` over the trip's time so far when a trip has lasted
-    more than ``EARLY`` (2) times ``max_queue_delay`` and more than that most (and a
+    more than ``EARLY`` (1.5) times ``max_queue_delay`` and more than that most (and a
     margin) are held, or more than ``GRACE`` (3) times with requests already refused in
     it. Once cut, it falls again at each further ``max_queue_delay`` past ``GRACE``
     times. This is checked as requests arrive, so a flood still growing is cut within
-    0.2 s of a trip, one held at ``max_in_flight`` within 0.3 s, not when the slow trip
+    0.15 s of a trip, one held at ``max_in_flight`` within 0.3 s, not when the slow trip
     ends (a flood of 1,000 requests got in between two readings when the probe only said
     yes or no). A trip in time raises the limit by a sixteenth, so it is back at
     ``max_in_flight`` seconds after the overload ends. It never goes below ``FLOOR``: a
@@ -81,7 +81,7 @@ TICK: Final = 0.05
 """Seconds between two trips of the probe (and two readings of the loop's lag)."""
 HOPS: Final = 20
 """Turns of the event loop one trip of the probe goes through."""
-EARLY: Final = 2
+EARLY: Final = 1.5
 """How many times ``max_queue_delay`` a trip may last before the limit is cut if the
 requests held have grown past their most in the first ``max_queue_delay`` of the late
 episode (by more than twice ``FLOOR`` or an eighth): a flood, still coming while the loop
