@@ -49,9 +49,11 @@ def test_without_limits_nothing_is_refused() -> None:
 
 
 async def _stuck_mid_trip(shedder: Shedder, seconds: float) -> None:
-    """Block the loop for ``seconds`` while the probe is on its way through the loop."""
+    """Block the loop for ``seconds`` while the probe is on its way through the loop: the
+    next trip to start (looked for at every turn: a trip on an idle loop is over within a
+    millisecond, and one missed would have raised the limit)."""
     while not shedder.probing:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
     time.sleep(seconds)  # noqa: ASYNC251 -- the point: the loop is stuck
 
 
