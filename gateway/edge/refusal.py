@@ -199,11 +199,12 @@ def first_request_refusal(
     """For ``gateway.edge.accept``: called with each new connection as it is accepted,
     screens its first request there and then if it has all arrived, as the protocol would
     a turn later. Refused, it is answered (``server_state``: uvicorn's, for the ``date``);
-    let through, it is counted in ``Shedder.pending`` at once, as the requests read in the
-    same turn are, and its protocol told so. Returns what to set the connection up with
-    (``protocol``, the server's factory of ``refusing_protocol``'s, or one that makes it
-    knowing its first request was let through), or ``None`` once the connection is closed
-    (the refused request asked for it)."""
+    let through, it is counted in ``Shedder.pending`` as its protocol is made, in the same
+    callback (as the requests read in one turn are), and the protocol told so. Returns
+    what to set the connection up with (``protocol``, the server's factory of
+    ``refusing_protocol``'s, or one that makes it knowing its first request was let
+    through, or answered), or ``None`` once the connection is closed (the refused request
+    asked for it, or it is gone)."""
 
     def let_through() -> asyncio.Protocol:
         made = protocol()
