@@ -26,6 +26,7 @@ import anyio
 import httpx
 import orjson
 from litestar import Response
+from litestar.datastructures.headers import MutableScopeHeaders
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Message, Receive, Scope, Send
@@ -54,6 +55,9 @@ __all__ = [
 
 log = logging.getLogger("contextgate.relay")
 
+_NO_BODY: Final = frozenset({204, 304})
+"""Statuses whose response has no body (and so no default content type)."""
+
 
 class RelayStream(ASGIStreamingResponse):
     """A streaming response that always closes its iterator and the upstream events
@@ -72,28 +76,48 @@ class RelayStream(ASGIStreamingResponse):
         status_code: int,
         headers: list[tuple[str, str]],
     ) -> None:
-        super().__init__(iterator=iterator, status_code=status_code, headers=headers)  # type: ignore[arg-type]
+        # What ``ASGIStreamingResponse(iterator=..., status_code=..., headers=...)`` makes,
+        # set straight: its generic ``__init__`` (an ABC check of the iterator, the headers
+        # added one by one through a mapping, a default content type looked up by a scan
+        # that decodes every name) costs a stream thousands of instructions more.
+        encoded = [
+            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers
+        ]
+        if status_code not in _NO_BODY and status_code >= 200:
+            for name, _ in encoded:
+                if name == b"content-type":
+                    break
+            else:
+                encoded.append((b"content-type", b"application/json"))
+        self.headers = MutableScopeHeaders()
+        self.headers.headers = encoded
+        self.background = None
+        self.body = b""
+        self.content_length = 0
+        self._encoded_cookies = ()
+        self.encoding = "utf-8"
+        self.is_head_response = False
+        self.status_code = status_code
+        self.iterator = iterator
         self.upstream = upstream
         self.keepalive = keepalive
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         try:
             if self.keepalive > 0:
-                await self._send_kept_alive(send, receive)
+                # The body only: the 200 and its headers went out after the first event
+                # came. (Here, not in a coroutine of its own: one less per stream.)
+                kept = _KeptAlive(send, self.keepalive)
+                try:
+                    await super().send_body(kept.send, receive)
+                finally:
+                    await kept.stop()
             else:
                 await super().send_body(send, receive)
         finally:
             with anyio.CancelScope(shield=True):
                 for iterator in (self.iterator, self.upstream):
                     await close(iterator)
-
-    async def _send_kept_alive(self, send: Send, receive: Receive) -> None:
-        # The body only: the 200 and its headers went out after the first event came.
-        kept = _KeptAlive(send, self.keepalive)
-        try:
-            await super().send_body(kept.send, receive)
-        finally:
-            await kept.stop()
 
 
 class _KeptAlive:
