@@ -37,6 +37,13 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Regroup a byte stream into complete events, each with its terminator."""
     pending = bytearray()
     async for chunk in chunks:
+        if not pending and type(chunk) is bytes:
+            # A read that is one whole event, as a stream's reads mostly are: relayed as
+            # it came, without going through ``pending`` (what that would yield too).
+            match = _EVENT_END.search(chunk)
+            if match is not None and match.end() == len(chunk) and not chunk.endswith(b"\r"):
+                yield chunk
+                continue
         scan_from = max(0, len(pending) - 3)
         pending += chunk
         start = 0
