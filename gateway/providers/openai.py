@@ -116,8 +116,16 @@ class ResponseReading:
         """The server-sent events of ``response``, each whole; the response is closed when
         the iteration ends, however it ends."""
         try:
+            # Without a content encoding, httpx's decoded bytes are its raw ones, chunk for
+            # chunk: read straight, without the decoding generator (and the generator's
+            # context manager) that ``aiter_bytes`` puts around them. (A response already
+            # read, as one made with its content is, has only its decoded bytes left.)
+            if response.is_stream_consumed or "content-encoding" in response.headers:
+                chunks = response.aiter_bytes()
+            else:
+                chunks = response.aiter_raw()
             with _STREAMING:
-                async for event in sse_events(response.aiter_bytes()):
+                async for event in sse_events(chunks):
                     yield event
         finally:
             with anyio.CancelScope(shield=True):

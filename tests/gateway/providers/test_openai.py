@@ -3,6 +3,7 @@ where a request goes and with what, and how the upstream's failures reach the cl
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 
 import httpx
@@ -119,6 +120,26 @@ async def test_a_stream_is_relayed_event_for_event() -> None:
         )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
+    assert [e for e in response.content.split(b"\n\n") if e.strip()] == [
+        e.strip(b"\n") for e in events
+    ]
+
+
+async def test_a_compressed_stream_is_relayed_decoded() -> None:
+    """A stream with a content encoding is read through httpx's decoding (one without is
+    read raw, ``ResponseReading.events``)."""
+    events = recorded_stream(recorded_streams()[0])
+
+    def stream(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "text/event-stream", "content-encoding": "gzip"}
+        return httpx.Response(200, headers=headers, content=gzip.compress(b"".join(events)))
+
+    async with in_process(stream) as gateway:
+        response = await gateway.client.post(
+            "/v1/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES, "stream": True}
+        )
+    assert response.status_code == 200
+    assert "content-encoding" not in response.headers
     assert [e for e in response.content.split(b"\n\n") if e.strip()] == [
         e.strip(b"\n") for e in events
     ]
