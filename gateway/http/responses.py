@@ -155,11 +155,16 @@ class _KeptAlive:
     async def send(self, message: Message) -> None:
         if self._failure is not None:
             raise self._failure
-        async with self._lock:
+        # What ``async with self._lock`` does, without its two coroutines an event.
+        lock = self._lock
+        await lock.acquire()
+        try:
             await self._send(message)
             self._last = monotonic()
             if not message.get("more_body", False):
                 self._ended = True
+        finally:
+            lock.release()
 
     def _due(self) -> None:
         if self._ended:
