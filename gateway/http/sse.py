@@ -70,6 +70,13 @@ def error_event(message: str, *, type: str, code: str) -> bytes:
 
 def event_data(event: bytes) -> bytes:
     """The data of one event (its ``data:`` lines joined by newlines)."""
+    if (
+        event.startswith(b"data: ")
+        and event.endswith(b"\n\n")
+        and event.count(b"\n") == 2
+        and b"\r" not in event
+    ):
+        return event[6:-2]  # one data line, as most events are: what the lines give
     lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
     return b"\n".join(data)

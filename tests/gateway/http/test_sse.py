@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.http.sse import sse_events
+from gateway.http.sse import event_data, sse_events
 
 EVENTS = [b'data: {"a": 1}\n\n', b": keep-alive\n\n", b"event: x\ndata: y\n\n", b"data: [DONE]\n\n"]
 
@@ -61,3 +61,17 @@ async def test_mixed_line_endings(parts: list[tuple[str, bytes, bytes]], cuts: l
     data = b"".join(events)
     out = await _collect(data, [cut for cut in cuts if cut <= len(data)])
     assert out == events
+
+
+_PIECES = st.sampled_from(
+    [b"data:", b"data: ", b" ", b"\n", b"\r", b"x", b"{}", b"event: e", b":c"]
+)
+
+
+@given(st.lists(_PIECES, max_size=12).map(b"".join))
+def test_event_data_is_its_data_lines_joined(event: bytes) -> None:
+    """An event of one data line (taken out directly) and any other give what its
+    ``data:`` lines joined by newlines are, whatever its line ends."""
+    lines = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+    assert event_data(event) == b"\n".join(data)
