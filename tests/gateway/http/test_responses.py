@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anyio
+import pytest
+from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Message
 
 from gateway.http.responses import RelayStream
@@ -66,3 +68,42 @@ async def test_a_busy_stream_gets_no_comments() -> None:
 async def test_keepalive_zero_is_off() -> None:
     """0 sends no comment, however long the silence."""
     assert await relayed(keepalive=0, pause=0.2) == [*EVENTS, b"<end>"]
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    yield b""
+
+
+@pytest.mark.parametrize("status", [200, 201, 204, 206, 304])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [("Content-Type", "text/event-stream"), ("X-Request-Id", "cg-1")],
+        [("x-a", "1"), ("X-A", "2"), ("Set-Cookie", "a=1"), ("set-cookie", "b=2")],
+        [("content-TYPE", "text/plain"), ("Content-Type", "text/html"), ("x-l", "caf\u00e9")],
+    ],
+)
+def test_a_relayed_stream_is_what_litestars_streaming_response_would_be(
+    status: int, headers: list[tuple[str, str]]
+) -> None:
+    """``RelayStream`` sets itself up without ``ASGIStreamingResponse.__init__``: the same
+    status, headers (order, duplicates, the default content type), cookies, length and
+    body as Litestar's for the same arguments, so that a Litestar upgrade that changes
+    its constructor fails here rather than on the wire."""
+    iterator = _nothing()
+    ours = RelayStream(
+        iterator=iterator, upstream=_nothing(), keepalive=0, status_code=status, headers=headers
+    )
+    litestars = ASGIStreamingResponse(iterator=iterator, status_code=status, headers=headers)
+    assert ours.encode_headers() == litestars.encode_headers()
+    for name in (
+        "status_code",
+        "background",
+        "body",
+        "content_length",
+        "_encoded_cookies",
+        "encoding",
+        "is_head_response",
+    ):
+        assert getattr(ours, name) == getattr(litestars, name), name
