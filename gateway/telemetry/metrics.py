@@ -130,15 +130,15 @@ class Metrics:
             "contextgate_requests",
             "Requests answered, by route, tenant, model and HTTP status.",
             ["route", "tenant", "model", "status"],
+            registry=registry,
         )
-        registry.register(self.requests)
         self.request_duration = PlainHistogram(
             "contextgate_request_duration_seconds",
             "Seconds from a request's arrival to the last byte of its answer (a stream's end).",
             ["route"],
             LATENCY_BUCKETS,
+            registry=registry,
         )
-        registry.register(self.request_duration)
         self.in_flight = 0
         """Requests being handled now, counted by the request middleware."""
         Gauge(
@@ -153,15 +153,15 @@ class Metrics:
             "Tokens the upstream reported in its usage, by kind: input (cache reads and"
             " writes included), output, cache_read, cache_write.",
             ["tenant", "model", "kind"],
+            registry=registry,
         )
-        registry.register(self.upstream_tokens)
         self.compaction_tokens = PlainCounter(
             "contextgate_compaction_tokens",
             "Input tokens of forwarded requests by the gateway's count: as received (before)"
             " and as sent upstream after the pipeline (after).",
             ["tenant", "model", "phase"],
+            registry=registry,
         )
-        registry.register(self.compaction_tokens)
 
         # Pipeline stages (gateway.edge.access, from the report of each forwarded request)
         self.stage_duration = PlainHistogram(
@@ -169,21 +169,21 @@ class Metrics:
             "Seconds each pipeline stage took.",
             ["stage"],
             STAGE_BUCKETS,
+            registry=registry,
         )
-        registry.register(self.stage_duration)
         self.stage_failures = PlainCounter(
             "contextgate_stage_failures",
             "Stage runs that raised and were skipped (the request went on without them).",
             ["stage"],
+            registry=registry,
         )
-        registry.register(self.stage_failures)
         self.tokens_saved = PlainCounter(
             "contextgate_tokens_saved",
             "Input tokens each stage took out of forwarded requests (its tokens before less"
             " after; a stage that added tokens counts none).",
             ["stage"],
+            registry=registry,
         )
-        registry.register(self.tokens_saved)
         self.summaries = Counter(
             "contextgate_summaries",
             "Requests whose summarize stage took a path: made, prepared, reused, extended,"
@@ -200,8 +200,8 @@ class Metrics:
             " outcome (success, error).",
             ["provider", "outcome"],
             LATENCY_BUCKETS,
+            registry=registry,
         )
-        registry.register(self.upstream_duration)
 
         # Native context management (gateway.context.native_request)
         self.native_edits = Counter(

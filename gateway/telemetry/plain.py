@@ -19,10 +19,11 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from math import inf
 from time import time
+from typing import Generic, TypeVar
 
 from prometheus_client import metrics as _library
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["CounterSeries", "HistogramSeries", "PlainCounter", "PlainHistogram"]
@@ -61,13 +62,37 @@ class CounterSeries:
         self.total += amount
 
 
-class _Family(Collector):
-    """A family's series by label values, made on first use and kept for the process's
-    life (the callers bound the values a label takes)."""
+S = TypeVar("S", "HistogramSeries", "CounterSeries")
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+
+class _Family(Collector, Generic[S]):
+    """A family's series by label values, made on first use and kept for the process's
+    life (the callers bound the values a label takes); registered with ``registry`` as
+    prometheus-client's metrics are."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
+        self._series: dict[tuple[str, ...], S] = {}
+        registry.register(self)
+
+    def _new(self) -> S:
+        raise NotImplementedError
+
+    def series(self, *labels: str) -> S:
+        """The series of ``labels`` (one value per label name), made at 0 if it is new."""
+        found = self._series.get(labels)
+        if found is None:
+            if len(labels) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes the labels {self.labelnames}")
+            found = self._series[labels] = self._new()
+        return found
 
     def _created(self, family: Metric, labels: tuple[str, ...], created: float) -> None:
         # prometheus-client's own switch (PROMETHEUS_DISABLE_CREATED_SERIES,
@@ -78,29 +103,27 @@ class _Family(Collector):
             )
 
 
-class PlainHistogram(_Family):
+class PlainHistogram(_Family[HistogramSeries]):
     """A histogram by ``labelnames``, with ``buckets`` as its finite bounds (``+Inf`` is
     added)."""
 
     def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
     ) -> None:
-        super().__init__(name, documentation, labelnames)
         bounds = tuple(float(bound) for bound in buckets)
         if list(bounds) != sorted(bounds) or inf in bounds:
             raise ValueError("buckets must be sorted and finite (+Inf is added)")
         self._bounds = bounds
         self._les = [floatToGoString(b) for b in (*bounds, inf)]  # type: ignore[no-untyped-call]
-        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+        super().__init__(name, documentation, labelnames, registry)
 
-    def series(self, *labels: str) -> HistogramSeries:
-        """The series of ``labels`` (one value per label name), made at 0 if it is new."""
-        found = self._series.get(labels)
-        if found is None:
-            if len(labels) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes the labels {self.labelnames}")
-            found = self._series[labels] = HistogramSeries(self._bounds)
-        return found
+    def _new(self) -> HistogramSeries:
+        return HistogramSeries(self._bounds)
 
     def describe(self) -> Iterable[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
@@ -117,22 +140,12 @@ class PlainHistogram(_Family):
         yield family
 
 
-class PlainCounter(_Family):
+class PlainCounter(_Family[CounterSeries]):
     """A counter by ``labelnames`` (``name`` without the ``_total`` suffix, which the
     exposition adds)."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        super().__init__(name, documentation, labelnames)
-        self._series: dict[tuple[str, ...], CounterSeries] = {}
-
-    def series(self, *labels: str) -> CounterSeries:
-        """The series of ``labels`` (one value per label name), made at 0 if it is new."""
-        found = self._series.get(labels)
-        if found is None:
-            if len(labels) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes the labels {self.labelnames}")
-            found = self._series[labels] = CounterSeries()
-        return found
+    def _new(self) -> CounterSeries:
+        return CounterSeries()
 
     def describe(self) -> Iterable[Metric]:
         return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]

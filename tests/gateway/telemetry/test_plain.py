@@ -32,10 +32,8 @@ def expositions(observations: Observations, *, made: bool = True) -> tuple[str, 
     histogram = Histogram("h_seconds", "A histogram.", names, registry=theirs,
                           buckets=STAGE_BUCKETS)  # fmt: skip
     counter = Counter("c", "A counter.", names, registry=theirs)
-    plain_histogram = PlainHistogram("h_seconds", "A histogram.", names, STAGE_BUCKETS)
-    plain_counter = PlainCounter("c", "A counter.", names)
-    ours.register(plain_histogram)
-    ours.register(plain_counter)
+    plain_histogram = PlainHistogram("h_seconds", "A histogram.", names, STAGE_BUCKETS, ours)
+    plain_counter = PlainCounter("c", "A counter.", names, ours)
     for labels in LABELS if made else ():
         histogram.labels(*labels)
         counter.labels(*labels)
@@ -79,8 +77,8 @@ def test_buckets_must_be_sorted_and_finite_and_labels_complete() -> None:
     """A bucket list out of order, or with ``+Inf`` (always added), is refused, and so is
     a series named with fewer label values than the family has labels."""
     with pytest.raises(ValueError, match="sorted"):
-        PlainHistogram("h", "A histogram.", ["stage"], (0.1, 0.01))
+        PlainHistogram("h", "A histogram.", ["stage"], (0.1, 0.01), CollectorRegistry())
     with pytest.raises(ValueError, match="sorted"):
-        PlainHistogram("h", "A histogram.", ["stage"], (0.1, float("inf")))
+        PlainHistogram("h", "A histogram.", ["stage"], (0.1, float("inf")), CollectorRegistry())
     with pytest.raises(ValueError, match="labels"):
-        PlainCounter("c", "A counter.", ["stage", "kind"]).series("filter")
+        PlainCounter("c", "A counter.", ["stage", "kind"], CollectorRegistry()).series("filter")
